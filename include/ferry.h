@@ -1,0 +1,513 @@
+/*
+ * ferry.h — the one header a user of ferry includes.
+ *
+ * ferry keeps a neural network's weights where they are cheapest to hold (the model file on disk,
+ * host RAM, accelerator memory) and moves them to where they are computed just in time, under
+ * memory budgets, with LoRA adapters merged on the way.
+ *
+ * This header is the manual: every function is documented where it is declared.
+ *
+ * Conventions
+ *  - Functions that can fail return int: 0 on success, a negative FERRY_E... code on failure. The
+ *    handle they were called on keeps a message with the detail (file, tensor, offset, expected,
+ *    found); read it with the handle's *_errmsg function. ferry_strerror(code) names a code.
+ *  - Handles are opaque and come in create/destroy pairs; destroy(NULL) is a no-op.
+ *  - Sizes and offsets are uint64_t; nothing ferry does is limited to 2 GiB.
+ *  - Shapes are given in the file's own order: GGUF lists the innermost (fastest-varying) dimension
+ *    first, safetensors lists the outermost first. ferry_tensor_info also gives the row view
+ *    (n_rows x row_elems) that is the same for both.
+ *  - Nothing ferry does ever writes to a model file it reads.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FERRY_API
+#else
+#define FERRY_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------- */
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_STRING "0.1.0"
+/* One number that grows with every release: major*10000 + minor*100 + patch. */
+#define FERRY_VERSION_NUMBER \
+    (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
+
+/* The version of the library actually linked, as "MAJOR.MINOR.PATCH". Static storage. */
+FERRY_API const char *ferry_version(void);
+/* FERRY_VERSION_NUMBER of the library actually linked. */
+FERRY_API unsigned ferry_version_number(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+enum {
+    FERRY_OK = 0,
+    FERRY_EINVAL = -1,       /* a bad argument from the caller */
+    FERRY_ENOMEM = -2,       /* an allocation failed (host or device) */
+    FERRY_EIO = -3,          /* a read, write, open or stat failed */
+    FERRY_ENOENT = -4,       /* no such file, tensor, group, key or device */
+    FERRY_EFORMAT = -5,      /* the file is not a model file ferry reads, or its structure is wrong */
+    FERRY_ETRUNC = -6,       /* the file ends before a structure it declares */
+    FERRY_EOVERFLOW = -7,    /* a size, count or product from the file overflows */
+    FERRY_ERANGE = -8,       /* tensor data lies (partly) past the end of the file or data section */
+    FERRY_EOVERLAP = -9,     /* two tensors' data overlap */
+    FERRY_EALIGN = -10,      /* a bad alignment value, or an offset that does not honour it */
+    FERRY_EDUP = -11,        /* a duplicate tensor name, metadata key or JSON key */
+    FERRY_EDTYPE = -12,      /* an unknown, retired or unsupported data type */
+    FERRY_ESHAPE = -13,      /* a shape that is invalid or disagrees with what was expected */
+    FERRY_ELIMIT = -14,      /* a count, length, depth or dimension beyond ferry's limits */
+    FERRY_EJSON = -15,       /* malformed JSON (syntax, UTF-8, number) */
+    FERRY_EPATH = -16,       /* a shard path that leaves its index's folder */
+    FERRY_ETYPE = -17,       /* a metadata value of another type than asked for */
+    FERRY_EBUDGET = -18,     /* the request cannot fit in the budget even after evicting */
+    FERRY_EBUSY = -19,       /* the object is in use (prepared tensors, queued work) */
+    FERRY_EDEVICE = -20,     /* a device failed or is unavailable */
+    FERRY_ECANCELED = -21,   /* the work was cancelled (close while in flight) */
+    FERRY_EUNSUPPORTED = -22,/* the operation is not supported in this configuration */
+    FERRY_ELORA = -23,       /* an adapter does not fit its base tensors */
+    FERRY_EMISMATCH = -24,   /* data differs from what was expected (verification) */
+};
+
+/* A short static description of an error code ("truncated file"). Never NULL. */
+FERRY_API const char *ferry_strerror(int code);
+
+/* ---------------------------------------------------------------------------------------------
+ * Data types
+ *
+ * The values of GGUF's types are GGUF's own type ids, so a GGUF type id is a ferry_dtype. Types
+ * only safetensors has are numbered from 64 up. Retired GGUF ids (4, 5, 31-33, 36-38) are not
+ * types: a file using one is refused with FERRY_EDTYPE.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum ferry_dtype {
+    FERRY_DTYPE_F32 = 0,
+    FERRY_DTYPE_F16 = 1,
+    FERRY_DTYPE_Q4_0 = 2,
+    FERRY_DTYPE_Q4_1 = 3,
+    FERRY_DTYPE_Q5_0 = 6,
+    FERRY_DTYPE_Q5_1 = 7,
+    FERRY_DTYPE_Q8_0 = 8,
+    FERRY_DTYPE_Q8_1 = 9,
+    FERRY_DTYPE_Q2_K = 10,
+    FERRY_DTYPE_Q3_K = 11,
+    FERRY_DTYPE_Q4_K = 12,
+    FERRY_DTYPE_Q5_K = 13,
+    FERRY_DTYPE_Q6_K = 14,
+    FERRY_DTYPE_Q8_K = 15,
+    FERRY_DTYPE_IQ2_XXS = 16,
+    FERRY_DTYPE_IQ2_XS = 17,
+    FERRY_DTYPE_IQ3_XXS = 18,
+    FERRY_DTYPE_IQ1_S = 19,
+    FERRY_DTYPE_IQ4_NL = 20,
+    FERRY_DTYPE_IQ3_S = 21,
+    FERRY_DTYPE_IQ2_S = 22,
+    FERRY_DTYPE_IQ4_XS = 23,
+    FERRY_DTYPE_I8 = 24,
+    FERRY_DTYPE_I16 = 25,
+    FERRY_DTYPE_I32 = 26,
+    FERRY_DTYPE_I64 = 27,
+    FERRY_DTYPE_F64 = 28,
+    FERRY_DTYPE_IQ1_M = 29,
+    FERRY_DTYPE_BF16 = 30,
+    FERRY_DTYPE_TQ1_0 = 34,
+    FERRY_DTYPE_TQ2_0 = 35,
+    FERRY_DTYPE_MXFP4 = 39,
+    FERRY_DTYPE_GGUF_COUNT = 40, /* one past the highest GGUF id ferry knows */
+
+    /* safetensors-only types */
+    FERRY_DTYPE_BOOL = 64,
+    FERRY_DTYPE_U8 = 65,
+    FERRY_DTYPE_U16 = 66,
+    FERRY_DTYPE_U32 = 67,
+    FERRY_DTYPE_U64 = 68,
+    FERRY_DTYPE_F8_E4M3 = 69,
+    FERRY_DTYPE_F8_E5M2 = 70,
+    FERRY_DTYPE_F8_E8M0 = 71,
+    FERRY_DTYPE_F6_E2M3 = 72,   /* packed: 4 values in 3 bytes */
+    FERRY_DTYPE_F6_E3M2 = 73,   /* packed: 4 values in 3 bytes */
+    FERRY_DTYPE_F4 = 74,        /* float4_e2m1, packed two per byte */
+    FERRY_DTYPE_C64 = 75,       /* complex64: two f32 */
+    FERRY_DTYPE_COUNT = 76,
+
+    FERRY_DTYPE_NONE = -1       /* "no type given": keep the file's type, or no expectation */
+} ferry_dtype;
+
+/* Lower-case name of a type ("f32", "q8_0", "bf16", "f8_e4m3"); "?" for a value that is no type. */
+FERRY_API const char *ferry_dtype_name(ferry_dtype t);
+/* The type with that name (case-insensitive; safetensors' upper-case names also accepted), or
+ * FERRY_DTYPE_NONE. */
+FERRY_API ferry_dtype ferry_dtype_from_name(const char *name);
+/* Elements per block (1 for plain types, 32 or 256 for quantized ones); 0 for a value that is no
+ * type. */
+FERRY_API uint32_t ferry_dtype_block_elems(ferry_dtype t);
+/* Bytes per block; 0 for a value that is no type. */
+FERRY_API uint32_t ferry_dtype_block_bytes(ferry_dtype t);
+/* Bytes of n elements of type t into *out. Fails with FERRY_ESHAPE when n is not a whole number of
+ * blocks, FERRY_EOVERFLOW when the size does not fit in 64 bits, FERRY_EDTYPE for no type. */
+FERRY_API int ferry_dtype_nbytes(ferry_dtype t, uint64_t n, uint64_t *out);
+/* Whether ferry can convert between src and dst (dequantize, quantize, cast): f32, f16, bf16,
+ * q8_0 and q4_0 in any direction, and every other type that ferry dequantizes to f32. */
+FERRY_API int ferry_dtype_can_convert(ferry_dtype src, ferry_dtype dst);
+/* Converts n elements (a whole number of blocks of both types) from src to dst. Values are
+ * rounded to nearest-even; quantization follows GGUF's reference layout. Returns FERRY_EDTYPE for
+ * a pair ferry cannot convert, FERRY_ESHAPE for a partial block. */
+FERRY_API int ferry_dtype_convert(ferry_dtype src, const void *in, ferry_dtype dst, void *out,
+                                  uint64_t n);
+
+/* ---------------------------------------------------------------------------------------------
+ * Metadata values (GGUF key/values, safetensors __metadata__)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum ferry_value_type {
+    FERRY_VALUE_U8 = 0,
+    FERRY_VALUE_I8 = 1,
+    FERRY_VALUE_U16 = 2,
+    FERRY_VALUE_I16 = 3,
+    FERRY_VALUE_U32 = 4,
+    FERRY_VALUE_I32 = 5,
+    FERRY_VALUE_F32 = 6,
+    FERRY_VALUE_BOOL = 7,
+    FERRY_VALUE_STRING = 8,
+    FERRY_VALUE_ARRAY = 9,
+    FERRY_VALUE_U64 = 10,
+    FERRY_VALUE_I64 = 11,
+    FERRY_VALUE_F64 = 12,
+} ferry_value_type;
+
+/* A metadata value. The numbering of types is GGUF's. Read-only for the user; the memory belongs
+ * to the catalog (or manager) it came from and stays valid until that is destroyed. */
+typedef struct ferry_value {
+    ferry_value_type type;
+    union {
+        uint64_t u;   /* U8, U16, U32, U64, and BOOL (0 or 1) */
+        int64_t i;    /* I8, I16, I32, I64 */
+        double f;     /* F32, F64 */
+        struct {
+            const char *ptr; /* NUL-terminated; may also contain NULs: use len */
+            uint64_t len;
+        } str;
+        struct {
+            ferry_value_type elem; /* type of every item */
+            uint64_t n;
+            const struct ferry_value *items;
+        } arr;
+    } v;
+} ferry_value;
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor descriptions
+ * ------------------------------------------------------------------------------------------- */
+
+#define FERRY_MAX_DIMS 8
+
+typedef enum ferry_format {
+    FERRY_FORMAT_UNKNOWN = 0,
+    FERRY_FORMAT_GGUF = 1,
+    FERRY_FORMAT_SAFETENSORS = 2,
+} ferry_format;
+
+/* "gguf", "safetensors" or "unknown". */
+FERRY_API const char *ferry_format_name(ferry_format f);
+
+typedef struct ferry_tensor_info {
+    const char *name;       /* full name, with the prefix it was opened under */
+    const char *file;       /* path of the file holding its bytes */
+    ferry_format format;    /* that file's format */
+    ferry_dtype dtype;      /* type in the file */
+    uint32_t ndim;          /* 0 .. FERRY_MAX_DIMS */
+    int64_t shape[FERRY_MAX_DIMS]; /* in the file's own order (GGUF innermost first) */
+    uint64_t n_elems;       /* product of the shape (1 for ndim 0) */
+    uint64_t row_elems;     /* elements of the innermost dimension (1 for ndim 0) */
+    uint64_t n_rows;        /* n_elems / row_elems */
+    uint64_t offset;        /* absolute byte offset in its file */
+    uint64_t nbytes;        /* bytes in the file */
+} ferry_tensor_info;
+
+/* ---------------------------------------------------------------------------------------------
+ * Catalog: what a set of model files holds. Reading files and listing their contents with no
+ * memory management at all (what `ferry inspect` does). The manager below builds one internally.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct ferry_catalog ferry_catalog;
+
+/* An empty catalog, or NULL when memory is exhausted. Free with ferry_catalog_destroy. */
+FERRY_API ferry_catalog *ferry_catalog_create(void);
+/* Frees the catalog and closes its files. NULL is a no-op. */
+FERRY_API void ferry_catalog_destroy(ferry_catalog *c);
+/* Opens a model and adds its tensors. PATH may be a GGUF file, a safetensors file, a sharded
+ * safetensors index (*.index.json, its shards resolved in its folder), or the first file of a split
+ * GGUF (NAME-00001-of-0000N.gguf, the others found beside it). The format is detected from the
+ * content. Every name gets PREFIX (NULL or "" for none) in front. Every number in the file is
+ * checked before use. On failure nothing is added, and the message names file, tensor and the
+ * offending numbers. A tensor name that collides with one already present is FERRY_EDUP naming
+ * both files. */
+FERRY_API int ferry_catalog_add(ferry_catalog *c, const char *path, const char *prefix);
+/* The message of the last failure on C ("" when none). Valid until the next call on C. */
+FERRY_API const char *ferry_catalog_errmsg(const ferry_catalog *c);
+
+/* Number of tensors. */
+FERRY_API size_t ferry_catalog_count(const ferry_catalog *c);
+/* Tensor I, in file order (files in the order they were added, tensors in the order of their
+ * data in the file). FERRY_ENOENT when I is out of range. Strings stay valid until destroy. */
+FERRY_API int ferry_catalog_tensor(const ferry_catalog *c, size_t i, ferry_tensor_info *out);
+/* Index of the tensor named NAME (O(1) on average), or -1. */
+FERRY_API int64_t ferry_catalog_find(const ferry_catalog *c, const char *name);
+/* Sum of all tensors' bytes. */
+FERRY_API uint64_t ferry_catalog_total_bytes(const ferry_catalog *c);
+
+/* Number of files opened (shards count one each). */
+FERRY_API size_t ferry_catalog_file_count(const ferry_catalog *c);
+/* Path of file I, or NULL. */
+FERRY_API const char *ferry_catalog_file_path(const ferry_catalog *c, size_t i);
+/* Format of file I. */
+FERRY_API ferry_format ferry_catalog_file_format(const ferry_catalog *c, size_t i);
+
+/* Metadata: the key/values of all files, in file order; where two files share a key, the first
+ * one added wins (the shards of one model repeat some keys). GGUF values keep their type;
+ * safetensors' __metadata__ values are strings. */
+FERRY_API size_t ferry_catalog_meta_count(const ferry_catalog *c);
+/* Key and value of entry I; NULL when out of range. */
+FERRY_API const char *ferry_catalog_meta_key(const ferry_catalog *c, size_t i);
+FERRY_API const ferry_value *ferry_catalog_meta_value(const ferry_catalog *c, size_t i);
+/* The value of KEY, or NULL. */
+FERRY_API const ferry_value *ferry_catalog_meta_find(const ferry_catalog *c, const char *key);
+/* Typed getters: FERRY_ENOENT when the key is absent, FERRY_ETYPE when its value is of another
+ * kind (any integer type reads as u64/i64 when its value fits; f32 and f64 read as f64), and then
+ * *out is left unchanged. */
+FERRY_API int ferry_catalog_get_u64(const ferry_catalog *c, const char *key, uint64_t *out);
+FERRY_API int ferry_catalog_get_i64(const ferry_catalog *c, const char *key, int64_t *out);
+FERRY_API int ferry_catalog_get_f64(const ferry_catalog *c, const char *key, double *out);
+FERRY_API int ferry_catalog_get_bool(const ferry_catalog *c, const char *key, int *out);
+/* *out points at the catalog's NUL-terminated copy, valid until destroy. */
+FERRY_API int ferry_catalog_get_str(const ferry_catalog *c, const char *key, const char **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Writers: a model file written atomically (a temporary file in the same folder, fsync, rename).
+ * Declare metadata and tensors, then begin, stream each tensor's bytes in declaration order, and
+ * finish. Until finish succeeds no file exists under the final name.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct ferry_writer ferry_writer;
+
+/* A writer for FORMAT (GGUF v3 or safetensors), or NULL when memory is exhausted. */
+FERRY_API ferry_writer *ferry_writer_create(ferry_format format);
+/* Frees the writer; an unfinished temporary file is removed. NULL is a no-op. */
+FERRY_API void ferry_writer_destroy(ferry_writer *w);
+/* The message of the last failure on W. */
+FERRY_API const char *ferry_writer_errmsg(const ferry_writer *w);
+/* Adds a metadata key (copied). GGUF keeps the type; safetensors accepts only strings
+ * (FERRY_ETYPE otherwise). A repeated key is FERRY_EDUP. */
+FERRY_API int ferry_writer_set_meta(ferry_writer *w, const char *key, const ferry_value *v);
+/* Shortcut for a string value. */
+FERRY_API int ferry_writer_set_meta_str(ferry_writer *w, const char *key, const char *value);
+/* Declares a tensor (name copied; shape in the format's own order). Before begin only. */
+FERRY_API int ferry_writer_add_tensor(ferry_writer *w, const char *name, ferry_dtype dtype,
+                                      uint32_t ndim, const int64_t *shape);
+/* Creates the temporary file beside PATH and writes the header. */
+FERRY_API int ferry_writer_begin(ferry_writer *w, const char *path);
+/* Appends N bytes of tensor data; a tensor's bytes may come in any number of calls, tensors in
+ * declaration order. Writing more than was declared is FERRY_EINVAL. */
+FERRY_API int ferry_writer_write(ferry_writer *w, const void *data, size_t n);
+/* Checks every declared byte was written, flushes, fsyncs and renames onto PATH. */
+FERRY_API int ferry_writer_finish(ferry_writer *w);
+
+/* ---------------------------------------------------------------------------------------------
+ * The manager
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct ferry ferry;
+typedef struct ferry_tensor ferry_tensor;
+
+/* Where a tensor's bytes live between uses. */
+typedef enum ferry_home {
+    FERRY_HOME_HOST = 0,   /* loaded once into host RAM (or zero-copy from the mapping), kept */
+    FERRY_HOME_DISK = 1,   /* nothing kept: bytes come from the file at each use (cache allowing) */
+    FERRY_HOME_DEVICE = 2, /* loaded once onto the compute device, kept */
+} ferry_home;
+
+typedef enum ferry_load {
+    FERRY_LOAD_AUTO = 0,   /* direct reads for data not in the page cache, mapping otherwise */
+    FERRY_LOAD_MMAP = 1,   /* read-only private mapping; zero-copy where possible */
+    FERRY_LOAD_READ = 2,   /* buffered pread in large chunks */
+    FERRY_LOAD_DIRECT = 3, /* O_DIRECT into aligned buffers */
+} ferry_load;
+
+typedef enum ferry_lazy {
+    FERRY_LAZY_AUTO = 0,   /* lazy when the tensor is at least lazy_threshold bytes */
+    FERRY_LAZY_OFF = 1,
+    FERRY_LAZY_ON = 2,
+} ferry_lazy;
+
+/* Default lazy_threshold: 4 GiB. */
+#define FERRY_LAZY_DEFAULT_THRESHOLD (UINT64_C(4) << 30)
+
+/* A placement policy. Zero-initialised means: home host, compute on the cpu device (id 0), load
+ * auto, lazy auto at 4 GiB, no lock, file's dtype. */
+typedef struct ferry_policy {
+    ferry_home home;
+    int compute_device;         /* device id from ferry_add_device; 0 is the cpu */
+    ferry_load load;
+    ferry_lazy lazy;
+    uint64_t lazy_threshold;    /* 0: FERRY_LAZY_DEFAULT_THRESHOLD */
+    int lock;                   /* mlock host copies (never lazy ones) */
+    int convert;                /* nonzero: the staged copy is converted to compute_dtype */
+    ferry_dtype compute_dtype;  /* used only when convert is nonzero */
+} ferry_policy;
+
+/* Options at creation. Zero-initialised means defaults. */
+typedef struct ferry_options {
+    uint32_t io_threads;        /* I/O worker threads; 0: 4 */
+    uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: no limit */
+    int no_schedule;            /* nonzero: never record an access order nor prefetch by it */
+} ferry_options;
+
+/* A manager with the cpu device as device 0, or NULL when memory is exhausted. OPT may be NULL.
+ * Destroy with ferry_destroy. */
+FERRY_API ferry *ferry_create(const ferry_options *opt);
+/* Closes the manager: cancels and drains everything in flight, then frees all memory and closes
+ * the files. Tensor handles become invalid. NULL is a no-op. */
+FERRY_API void ferry_destroy(ferry *f);
+/* The message of the last failure on F ("" when none). Valid until the next failing call on F.
+ * With several threads, the message of one thread's failure may be replaced by another's. */
+FERRY_API const char *ferry_errmsg(const ferry *f);
+
+/* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",
+ * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id. */
+FERRY_API int ferry_add_device(ferry *f, const char *spec, int *id);
+/* Number of devices, including the cpu. */
+FERRY_API int ferry_device_count(const ferry *f);
+/* Sets device ID's budget in bytes (the cpu's budget is the host budget). 0: the default (what
+ * the device reports free, minus a margin). */
+FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
+
+/* Opens a model (as ferry_catalog_add) and adds its tensors under PREFIX. */
+FERRY_API int ferry_open(ferry *f, const char *path, const char *prefix);
+/* The manager's catalog, for listing; valid until ferry_destroy. */
+FERRY_API const ferry_catalog *ferry_catalog_of(const ferry *f);
+
+/* Defines or extends group NAME: tensors whose names match the glob PATTERN ('*', '?', '[...]')
+ * and no earlier pattern belong to it and follow POLICY (copied; NULL: the defaults; ignored when
+ * the group already exists). Rules are matched in the order they were added, first match wins;
+ * tensors matched by none belong to group "default". FERRY_EBUSY when a tensor that would change
+ * group has already been loaded or prepared. */
+FERRY_API int ferry_group_add(ferry *f, const char *name, const char *pattern,
+                              const ferry_policy *policy);
+/* Tensors whose names match PATTERN are ignored: not loaded, not found, not required. */
+FERRY_API int ferry_ignore(ferry *f, const char *pattern);
+/* Tensors whose names match PATTERN are optional: missing ones are not an error in validate. */
+FERRY_API int ferry_optional(ferry *f, const char *pattern);
+/* Removes group NAME: its tensors' memory is freed and their handles become invalid.
+ * FERRY_EBUSY while any of them is prepared. */
+FERRY_API int ferry_group_remove(ferry *f, const char *name);
+
+/* The tensor named NAME, or NULL when absent or ignored. Valid until ferry_destroy or until its
+ * group is removed. */
+FERRY_API ferry_tensor *ferry_find(ferry *f, const char *name);
+/* Description of T (strings valid as long as T). */
+FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *out);
+
+/* States what the engine expects of tensor NAME: its dtype (FERRY_DTYPE_NONE: any) and shape
+ * (NULL/0 dims: any), in the file's own order. Checked by ferry_validate and at prepare. */
+FERRY_API int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
+                           const int64_t *shape);
+/* Checks every expectation and reports every problem at once: the message holds one line per
+ * problem (file, tensor, expected, found). Returns the code of the first problem, 0 when none. */
+FERRY_API int ferry_validate(ferry *f);
+
+/* Makes every tensor of TS valid on its compute device and holds it there: returns when all data
+ * pointers are valid; each stays valid and unchanged until the matching ferry_release. Reference
+ * counted: a tensor prepared twice must be released twice. On failure no tensor of TS is held.
+ * Thread-safe. */
+FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
+/* Drops one reference of each tensor of TS. Released bytes stay cached until the budget needs
+ * the room (home disk) or stay at home (host, device). */
+FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
+/* Drops every reference of every tensor. */
+FERRY_API int ferry_release_all(ferry *f);
+/* Asynchronous hint: starts bringing TS towards their compute devices as far as the budget allows.
+ * Never blocks on I/O. */
+FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
+/* The data pointer of a prepared tensor on its compute device (a device address for accelerators),
+ * NULL when T is not prepared. */
+FERRY_API void *ferry_tensor_data(const ferry_tensor *t);
+/* Bytes at ferry_tensor_data (differs from the file's size when converted). */
+FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);
+/* dtype at ferry_tensor_data. */
+FERRY_API ferry_dtype ferry_tensor_dtype(const ferry_tensor *t);
+
+/* Reads the rows ROWS[0..N) of a 2-D (or higher, rows = all but the innermost dimension) tensor
+ * into DST (N * row bytes), with explicit reads that coalesce neighbouring rows. Meant for lazy
+ * tensors (embedding tables); works for any tensor. */
+FERRY_API int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, void *dst);
+
+/* Eagerly loads every tensor of group NAME (NULL: all groups) to its home. */
+FERRY_API int ferry_load_group(ferry *f, const char *group);
+
+/* ---------------------------------------------------------------------------------------------
+ * Plans (dry run) and statistics
+ * ------------------------------------------------------------------------------------------- */
+
+/* Where a tensor lives. */
+typedef struct ferry_placement {
+    const char *name;
+    const char *group;
+    ferry_home home;
+    int compute_device;
+    int lazy;               /* stays behind the mapping, paged in on demand */
+    int zero_copy;          /* its data pointer points into the file mapping */
+    uint64_t home_bytes;    /* bytes it holds at home (0 for disk, lazy, zero-copy) */
+    uint64_t compute_bytes; /* bytes of its staged copy on the compute device (0 when none) */
+} ferry_placement;
+
+#define FERRY_MAX_DEVICES 16
+
+typedef struct ferry_plan_totals {
+    uint64_t host_bytes;                      /* kept in host RAM */
+    uint64_t mapped_bytes;                    /* served from the mapping (zero-copy or lazy) */
+    uint64_t disk_bytes;                      /* home disk */
+    uint64_t device_bytes[FERRY_MAX_DEVICES]; /* kept on each device (home device) */
+    uint64_t staged_bytes[FERRY_MAX_DEVICES]; /* staged copies on each device, all at once */
+} ferry_plan_totals;
+
+/* Dry run: the placement of every tensor and the byte totals the real load produces, with no
+ * allocation and no I/O. OUT (may be NULL) receives ferry_catalog_count entries, allocated with
+ * malloc: free(*out) when done (strings belong to the manager). */
+FERRY_API int ferry_plan(ferry *f, ferry_placement **out, size_t *n, ferry_plan_totals *totals);
+
+typedef struct ferry_stats {
+    uint64_t resident_bytes[FERRY_MAX_DEVICES]; /* bytes ferry holds on each device (0: host) */
+    uint64_t peak_bytes[FERRY_MAX_DEVICES];     /* highest value of resident_bytes */
+    uint64_t home_host_bytes;     /* held because home = host */
+    uint64_t home_device_bytes;   /* held because home = device */
+    uint64_t cached_bytes;        /* released but still valid */
+    uint64_t bytes_read;          /* from files */
+    uint64_t bytes_copied;        /* host <-> device and memcpy out of mappings */
+    uint64_t prepares;            /* tensors prepared */
+    uint64_t prefetch_hits;       /* prepares that found their tensor ready or in flight */
+    uint64_t prefetch_misses;
+    uint64_t evictions;
+    double wait_seconds;          /* time prepare spent waiting */
+} ferry_stats;
+
+/* A snapshot of the counters. */
+FERRY_API int ferry_get_stats(const ferry *f, ferry_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

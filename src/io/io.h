@@ -1,0 +1,95 @@
+/*
+ * io.h — the I/O engine: files opened for reading (descriptor, O_DIRECT descriptor, read-only
+ * private mapping), and a pool of worker threads that move file bytes into memory in large chunks
+ * with several requests in flight, by mmap-copy, buffered pread or O_DIRECT.
+ *
+ * Nothing here knows about tensors, groups or devices: a request is (file, offset, length,
+ * destination, mode, completion callback).
+ *
+ * Direct I/O: O_DIRECT needs file offset, length and memory address aligned to the logical block
+ * (FERRY__IO_ALIGN covers every device seen). A request whose destination satisfies
+ *     (uintptr_t)dst % FERRY__IO_ALIGN == offset % FERRY__IO_ALIGN
+ * is read directly for its aligned middle, with the unaligned head and tail through a small bounce
+ * buffer; other requests fall back to buffered reads. Callers that want direct reads therefore
+ * allocate FERRY__IO_ALIGN-aligned buffers and place the data at offset % FERRY__IO_ALIGN.
+ */
+#ifndef FERRY_IO_H
+#define FERRY_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "util/util.h"
+
+#define FERRY__IO_ALIGN 4096u
+#define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read */
+
+/* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE. */
+typedef struct ferry__iofile {
+    char *path;                 /* owned */
+    int fd;                     /* O_RDONLY | O_CLOEXEC */
+    int fd_direct;              /* O_RDONLY | O_DIRECT, or -1 when the filesystem refuses it */
+    uint64_t size;
+    const unsigned char *map;   /* whole-file mapping, or NULL for an empty file */
+} ferry__iofile;
+
+/* Opens PATH (a regular file) and maps it. Errors name PATH (ENOENT, EIO, EFORMAT for a
+ * directory or device). */
+int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e);
+void ferry__iofile_close(ferry__iofile *f);
+
+/* madvise on the mapping over [off, off+len) (rounded out to pages). ADVICE is MADV_*. Errors
+ * ignored (advice is advice). */
+void ferry__iofile_advise(const ferry__iofile *f, uint64_t off, uint64_t len, int advice);
+/* Fraction (0..1) of the pages of [off, off+len) resident in the page cache (mincore on the
+ * mapping). */
+double ferry__iofile_cached(const ferry__iofile *f, uint64_t off, uint64_t len);
+/* Drops the file's pages from the page cache (posix_fadvise DONTNEED; dirty pages are none:
+ * ferry never writes). */
+int ferry__iofile_drop_cache(const ferry__iofile *f);
+
+/* Synchronous read of [off, off+len) into DST with mode MODE (AUTO chooses per chunk), on the
+ * calling thread. Short reads and EINTR are retried; a read past the end is FERRY_EIO naming
+ * PATH and the offset. */
+int ferry__io_read(const ferry__iofile *f, uint64_t off, uint64_t len, void *dst, ferry_load mode,
+                   ferry__err *e);
+
+typedef struct ferry__io ferry__io;
+
+/* Called exactly once per submitted request, on a worker thread (or on the submitting thread for
+ * requests refused before queuing: no, those return an error and never call back). STATUS is 0,
+ * a FERRY_E code, or FERRY_ECANCELED. */
+typedef void (*ferry__io_done_fn)(void *ud, int status);
+/* Progress: bytes done of all requests so far, bytes submitted so far. Called from workers. */
+typedef void (*ferry__io_progress_fn)(void *ud, uint64_t done, uint64_t total);
+
+typedef struct ferry__ioreq {
+    const ferry__iofile *file; /* must stay open until done is called */
+    uint64_t offset;
+    uint64_t len;
+    void *dst;                 /* must stay valid until done is called */
+    ferry_load mode;
+    ferry__io_done_fn done;
+    void *ud;
+    /* private to the engine */
+    uint64_t next_chunk;       /* byte position of the next chunk to hand out */
+    uint64_t chunks_left;
+    int status;
+    struct ferry__ioreq *next;
+} ferry__ioreq;
+
+/* A pool of NTHREADS workers (0: 4). NULL when memory or threads are exhausted. */
+ferry__io *ferry__io_create(unsigned nthreads);
+/* Queues REQ (which must stay alive, unmoved, until its done callback returns). */
+int ferry__io_submit(ferry__io *io, ferry__ioreq *req);
+/* Cancels every queued chunk not yet started; their requests complete with FERRY_ECANCELED once
+ * their running chunks finish. Waits until nothing is in flight. */
+void ferry__io_cancel_all(ferry__io *io);
+/* Cancels, drains and frees. NULL no-op. */
+void ferry__io_destroy(ferry__io *io);
+void ferry__io_set_progress(ferry__io *io, ferry__io_progress_fn fn, void *ud);
+/* Bytes read from files by this engine (all modes), for stats. */
+uint64_t ferry__io_bytes_read(const ferry__io *io);
+
+#endif
