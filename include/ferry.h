@@ -86,6 +86,12 @@ enum {
 /* A short static description of an error code ("truncated file"). Never NULL. */
 FERRY_API const char *ferry_strerror(int code);
 
+/* Parses a byte size: "4096", "512M" / "12MB" (powers of 1000), "1.5KiB" / "8GiB" (powers of 1024),
+ * case-insensitive. Returns 0 or FERRY_EINVAL. */
+FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
+/* Formats N bytes for people ("512 B", "1.50 GiB") into BUF; returns BUF. */
+FERRY_API char *ferry_format_size(uint64_t n, char buf[32]);
+
 /* ---------------------------------------------------------------------------------------------
  * Data types
  *

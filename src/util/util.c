@@ -339,3 +339,7 @@ double ferry__now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+int ferry_parse_size(const char *s, uint64_t *out) { return ferry__parse_size(s, out); }
+
+char *ferry_format_size(uint64_t n, char buf[32]) { return ferry__fmt_size(n, buf); }
