@@ -507,6 +507,8 @@ typedef struct ferry_stats {
     uint64_t prefetch_hits;       /* prepares that found their tensor ready or in flight */
     uint64_t prefetch_misses;
     uint64_t evictions;
+    uint64_t locked_bytes;        /* mlock'd on policy request */
+    uint64_t lock_failures;       /* mlock calls refused (RLIMIT_MEMLOCK) */
     double wait_seconds;          /* time prepare spent waiting */
 } ferry_stats;
 

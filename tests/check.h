@@ -51,9 +51,9 @@ static int check_passed, check_failed;
 /* A fresh scratch folder for this test binary: $FERRY_TEST_TMP/NAME (or /tmp/ferry-test-NAME). */
 static inline const char *check_tmpdir(const char *name)
 {
-    static char dir[4096];
+    static char dir[1024];
     const char *base = getenv("FERRY_TEST_TMP");
-    char cmd[4200];
+    char cmd[2200];
     if (!base || !*base)
         base = "/tmp/ferry-tests";
     snprintf(dir, sizeof dir, "%s/%s.%d", base, name, (int)getpid());
@@ -67,7 +67,7 @@ static inline const char *check_tmpdir(const char *name)
 
 static inline void check_rmdir(const char *dir)
 {
-    char cmd[4200];
+    char cmd[2200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", dir);

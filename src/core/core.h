@@ -1,0 +1,201 @@
+/*
+ * core.h — the manager's internal structures, shared by the files of src/core/.
+ *
+ * Locking: one mutex per manager (ferry.lock) protects every field below that is not marked
+ * otherwise: tensor states, reference counts, budgets, pools, the schedule and the job queue.
+ * Loader threads drop it while they move bytes; a tensor in state LOADING belongs to the loader
+ * that runs its job, and nobody else touches its copies until the state changes (then `cond` is
+ * broadcast). Device and I/O calls are never made with the lock held, except frees of memory that
+ * no job can reach.
+ */
+#ifndef FERRY_CORE_H
+#define FERRY_CORE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "ferry_device.h"
+#include "formats/catalog.h"
+#include "formats/formats.h"
+#include "io/io.h"
+#include "sched/sched.h"
+#include "util/util.h"
+
+#define FERRY__HOST 0 /* device id of the host (cpu) */
+
+typedef struct ferry__group {
+    char *name;
+    ferry_policy policy;
+    int removed;
+} ferry__group;
+
+typedef struct ferry__rule {
+    char *pattern;
+    int group; /* index into groups */
+} ferry__rule;
+
+/* A block of memory on one device, whole or carved from an arena chunk. */
+typedef struct ferry__mem {
+    void *base;       /* what the device allocated (NULL: none) */
+    uint64_t size;    /* bytes accounted to the device */
+} ferry__mem;
+
+typedef enum ferry__state {
+    FERRY__EMPTY = 0, /* no valid copy */
+    FERRY__LOADING,   /* a job is filling it */
+    FERRY__READY,     /* valid */
+} ferry__state;
+
+/* One copy of a tensor's bytes on a device. */
+typedef struct ferry__copy {
+    ferry__state state;
+    int dev;          /* device id */
+    ferry__mem mem;   /* owned memory, or mem.base NULL for a pointer into the mapping */
+    void *ptr;        /* where the tensor's first byte is */
+    int permanent;    /* a home copy: never evicted */
+    int mapped;       /* ptr points into the file mapping (zero-copy or lazy) */
+    int locked;       /* mlock'd */
+    uint64_t last_use;/* LRU clock */
+    int status;       /* the last job's result when it failed */
+} ferry__copy;
+
+typedef struct ferry__expect_rec {
+    ferry_dtype dtype;
+    uint32_t ndim;
+    int64_t shape[FERRY_MAX_DIMS];
+} ferry__expect_rec;
+
+struct ferry_tensor {
+    ferry *owner;
+    uint32_t id;              /* index in the catalog and in ferry.tensors */
+    ferry_tensor_info info;   /* from the catalog; strings owned by the catalog */
+    const ferry__iofile *file;
+    int group;                /* index into ferry.groups; -1 before binding */
+    int ignored;
+    int optional;
+    int bound;                /* placement decided (group fixed) */
+    int used;                 /* ever loaded or prepared: its group may no longer change */
+    int removed;              /* its group was removed: the handle is dead */
+
+    /* placement (decided by ferry__decide, the same function the dry run uses) */
+    int lazy;
+    int zero_copy;            /* the host copy is the mapping */
+    int compute_dev;
+    ferry_dtype out_dtype;    /* dtype at the data pointer */
+    uint64_t out_bytes;       /* bytes at the data pointer */
+
+    /* copies: host (home host on a non-host compute device), comp (what the user gets) */
+    ferry__copy host;
+    ferry__copy comp;
+
+    int refs;                 /* prepares minus releases */
+    uint64_t load_gen;        /* bumped each time a job is queued for it */
+
+    /* expectation */
+    int has_expect;
+    ferry_dtype expect_dtype;
+    uint32_t expect_ndim;
+    int64_t expect_shape[FERRY_MAX_DIMS];
+};
+
+typedef struct ferry__pool_buf {
+    void *base;
+    uint64_t size;
+} ferry__pool_buf;
+
+typedef struct ferry__dev {
+    ferry_device *d;
+    uint64_t budget;          /* 0: unlimited */
+    uint64_t used;            /* live + in flight + pooled */
+    uint64_t peak;
+    uint64_t pooled;          /* free buffers kept for reuse (host only) */
+    ferry__pool_buf *pool;
+    size_t n_pool, cap_pool;
+} ferry__dev;
+
+typedef struct ferry__job {
+    ferry_tensor *t;
+    struct ferry__job *next;
+    int prefetch;
+} ferry__job;
+
+struct ferry {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;      /* a tensor changed state, a job finished */
+    pthread_cond_t work;      /* a job was queued, or closing */
+    ferry__err err;
+    ferry_options opt;
+
+    ferry_catalog *cat;
+    ferry_tensor **tensors;   /* by id */
+    size_t n_tensors;
+    ferry__hmap expected_missing; /* names expected but absent: key owned by missing_names */
+    char **missing_names;     /* owned; expectations of tensors not (yet) opened */
+    ferry__expect_rec *missing_expect;
+    size_t n_missing;
+
+    ferry__group *groups;
+    size_t n_groups;
+    ferry__rule *rules;
+    size_t n_rules;
+    char **ignore;
+    size_t n_ignore;
+    char **optional;
+    size_t n_optional;
+
+    ferry__dev devs[FERRY_MAX_DEVICES];
+    int n_devs;
+
+    ferry__io *io;
+    pthread_t *loaders;
+    unsigned n_loaders;
+    ferry__job *queue_head, *queue_tail;
+    ferry__job *free_jobs;
+    unsigned running;         /* jobs being executed */
+    int closing;
+
+    ferry__sched sched;
+    uint64_t clock;           /* LRU clock */
+    unsigned inflight_prefetch;
+    uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
+
+    ferry_stats stats;        /* counters; resident/peak filled from devs on read */
+    /* Counters updated without the lock (atomics), merged into stats on read. */
+    uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
+};
+
+/* policy.c */
+const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);
+/* Decides the placement of T from its policy and size alone (never from the load mode for
+ * laziness, never from whether this is a dry run). Fills t->lazy, zero_copy, compute_dev,
+ * out_dtype, out_bytes. */
+int ferry__decide(ferry *f, ferry_tensor *t);
+/* Bytes a host buffer for T's data takes (headroom for direct I/O included). */
+uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted);
+/* Bytes a device (non-host) copy of T takes. */
+uint64_t ferry__dev_alloc_size(const ferry_tensor *t);
+ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t);
+/* Fixes T's group, ignore/optional flags and placement (no-op when already bound). */
+int ferry__bind(ferry *f, ferry_tensor *t);
+/* After a rule change: unbinds every unused tensor; with CHECK_ONLY, fails with FERRY_EBUSY
+ * when a used tensor would change group. */
+int ferry__rebind_all(ferry *f, int check_only);
+
+/* memory.c — budgets and pools; called with the lock held */
+int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t for_distance, ferry__mem *out);
+void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
+void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
+void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
+/* Evicts cached copies until DEV is within its budget (after a budget change). */
+void ferry__shrink(ferry *f, int dev);
+
+/* manager.c */
+/* Checks T's expectation, writing the problems into f->err; 0 when it fits. */
+int ferry__check_expect(ferry *f, const ferry_tensor *t);
+
+/* residency.c */
+int ferry__loaders_start(ferry *f);
+void ferry__loaders_stop(ferry *f);
+
+#endif

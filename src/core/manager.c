@@ -1,0 +1,541 @@
+/*
+ * manager.c — the ferry handle: creation and close, devices and budgets, opening model files,
+ * groups and their rules, finding tensors, expectations and validation, statistics.
+ * Residency (prepare/release/prefetch and the loaders) is in residency.c, memory accounting in
+ * memory.c, placement decisions in policy.c, the dry run in plan.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+#define FERRY__DEVICE_MARGIN (UINT64_C(256) << 20)
+
+ferry *ferry_create(const ferry_options *opt)
+{
+    ferry *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    if (opt)
+        f->opt = *opt;
+    if (!f->opt.io_threads)
+        f->opt.io_threads = 4;
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    pthread_cond_init(&f->work, NULL);
+    char msg[256];
+    ferry_device *cpu = NULL;
+    f->cat = ferry_catalog_create();
+    if (!f->cat || ferry_device_open("cpu", &cpu, msg, sizeof msg) != 0)
+        goto fail;
+    f->devs[0].d = cpu;
+    f->devs[0].budget = f->opt.host_budget;
+    f->n_devs = 1;
+    if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
+        goto fail;
+    f->io = ferry__io_create(f->opt.io_threads);
+    if (!f->io || ferry__loaders_start(f))
+        goto fail;
+    return f;
+fail:
+    ferry_destroy(f);
+    return NULL;
+}
+
+void ferry_destroy(ferry *f)
+{
+    if (!f)
+        return;
+    /* Cancel and drain: the loaders finish what they run, drop the queue and exit; only then is
+     * memory freed. */
+    ferry__loaders_stop(f);
+    if (f->io)
+        ferry__io_destroy(f->io);
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        ferry__drop_copy(f, t, &t->comp);
+        ferry__drop_copy(f, t, &t->host);
+        free(t);
+    }
+    free(f->tensors);
+    for (int d = 0; d < f->n_devs; d++) {
+        ferry__pool_trim(f, d, UINT64_MAX);
+        free(f->devs[d].pool);
+        ferry_device_close(f->devs[d].d);
+    }
+    for (size_t i = 0; i < f->n_groups; i++)
+        free(f->groups[i].name);
+    free(f->groups);
+    for (size_t i = 0; i < f->n_rules; i++)
+        free(f->rules[i].pattern);
+    free(f->rules);
+    for (size_t i = 0; i < f->n_ignore; i++)
+        free(f->ignore[i]);
+    free(f->ignore);
+    for (size_t i = 0; i < f->n_optional; i++)
+        free(f->optional[i]);
+    free(f->optional);
+    ferry__hmap_free(&f->expected_missing);
+    for (size_t i = 0; i < f->n_missing; i++)
+        free(f->missing_names[i]);
+    free(f->missing_names);
+    free(f->missing_expect);
+    ferry__sched_free(&f->sched);
+    ferry_catalog_destroy(f->cat);
+    pthread_cond_destroy(&f->work);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+const char *ferry_errmsg(const ferry *f)
+{
+    return f ? f->err.msg : "no manager";
+}
+
+int ferry_add_device(ferry *f, const char *spec, int *id)
+{
+    if (!f || !spec)
+        return FERRY_EINVAL;
+    char msg[256] = "";
+    ferry_device *d = NULL;
+    int rc = ferry_device_open(spec, &d, msg, sizeof msg);
+    pthread_mutex_lock(&f->lock);
+    if (rc) {
+        ferry__fail(&f->err, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    } else if (f->n_devs >= FERRY_MAX_DEVICES) {
+        ferry_device_close(d);
+        rc = ferry__fail(&f->err, FERRY_ELIMIT, "%s: at most %d devices", spec, FERRY_MAX_DEVICES);
+    } else {
+        int n = f->n_devs;
+        f->devs[n].d = d;
+        uint64_t free_b = 0, total = 0;
+        if (d->ops->mem_info && d->ops->mem_info(d, &free_b, &total) == 0)
+            f->devs[n].budget = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN
+                                                                  : free_b;
+        f->n_devs = n + 1;
+        if (id)
+            *id = n;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_device_count(const ferry *f)
+{
+    return f ? f->n_devs : 0;
+}
+
+int ferry_set_budget(ferry *f, int device, uint64_t bytes)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    if (device < 0 || device >= f->n_devs) {
+        rc = ferry__fail(&f->err, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
+    } else {
+        ferry_device *d = f->devs[device].d;
+        uint64_t free_b = 0, total = 0;
+        if (!bytes && device != FERRY__HOST && d->ops->mem_info &&
+            d->ops->mem_info(d, &free_b, &total) == 0)
+            bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
+        f->devs[device].budget = bytes;
+        /* A smaller budget takes effect now for what is cached; what is in use stays. */
+        if (bytes)
+            ferry__shrink(f, device);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_open(ferry *f, const char *path, const char *prefix)
+{
+    if (!f || !path)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    size_t before = ferry_catalog_count(f->cat);
+    int rc = ferry_catalog_add(f->cat, path, prefix);
+    if (rc) {
+        ferry__fail(&f->err, rc, "%s", ferry_catalog_errmsg(f->cat));
+        pthread_mutex_unlock(&f->lock);
+        return rc;
+    }
+    size_t after = ferry_catalog_count(f->cat);
+    ferry_tensor **ts = realloc(f->tensors, (after ? after : 1) * sizeof *ts);
+    if (!ts || ferry__sched_resize(&f->sched, after)) {
+        if (ts)
+            f->tensors = ts;
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
+    }
+    f->tensors = ts;
+    for (size_t i = before; i < after; i++) {
+        ferry_tensor *t = calloc(1, sizeof *t);
+        if (!t) {
+            /* The catalog keeps the file; tensors beyond n_tensors stay unreachable. */
+            pthread_mutex_unlock(&f->lock);
+            return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
+        }
+        t->id = (uint32_t)i;
+        t->owner = f;
+        ferry_catalog_tensor(f->cat, i, &t->info);
+        t->file = ferry__catalog_file(f->cat, ferry__catalog_tensor_file(f->cat, i));
+        t->group = -1;
+        f->tensors[i] = t;
+        f->n_tensors = i + 1;
+        /* An expectation stated before the file was opened applies now. */
+        uint64_t mi;
+        if (ferry__hmap_get(&f->expected_missing, t->info.name, &mi)) {
+            ferry__expect_rec *e = &f->missing_expect[mi];
+            t->has_expect = 1;
+            t->expect_dtype = e->dtype;
+            t->expect_ndim = e->ndim;
+            memcpy(t->expect_shape, e->shape, sizeof t->expect_shape);
+            ferry__hmap_del(&f->expected_missing, t->info.name);
+        }
+    }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+const ferry_catalog *ferry_catalog_of(const ferry *f)
+{
+    return f ? f->cat : NULL;
+}
+
+static int find_group(const ferry *f, const char *name)
+{
+    for (size_t i = 0; i < f->n_groups; i++)
+        if (!f->groups[i].removed && strcmp(f->groups[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry_policy *policy)
+{
+    if (!f || !name || !pattern)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    int g = find_group(f, name);
+    if (g < 0) {
+        ferry__group *gs = realloc(f->groups, (f->n_groups + 1) * sizeof *gs);
+        if (!gs) {
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+        f->groups = gs;
+        ferry__group *ng = &gs[f->n_groups];
+        memset(ng, 0, sizeof *ng);
+        ng->name = ferry__strdup(name);
+        if (!ng->name) {
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+        if (policy)
+            ng->policy = *policy;
+        if (ng->policy.compute_device < 0 || ng->policy.compute_device >= f->n_devs) {
+            rc = ferry__fail(&f->err, FERRY_EINVAL,
+                             "group '%s': compute device %d does not exist (%d devices)", name,
+                             ng->policy.compute_device, f->n_devs);
+            free(ng->name);
+            goto out;
+        }
+        g = (int)f->n_groups++;
+    }
+    ferry__rule *rs = realloc(f->rules, (f->n_rules + 1) * sizeof *rs);
+    if (!rs) {
+        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        goto out;
+    }
+    f->rules = rs;
+    rs[f->n_rules].pattern = ferry__strdup(pattern);
+    rs[f->n_rules].group = g;
+    if (!rs[f->n_rules].pattern) {
+        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        goto out;
+    }
+    f->n_rules++;
+    rc = ferry__rebind_all(f, 1);
+    if (rc) {
+        f->n_rules--;
+        free(rs[f->n_rules].pattern);
+        goto out;
+    }
+    ferry__rebind_all(f, 0);
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+static int add_pattern(ferry *f, char ***list, size_t *n, const char *pattern)
+{
+    if (!f || !pattern)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    char **l = realloc(*list, (*n + 1) * sizeof *l);
+    char *p = ferry__strdup(pattern);
+    if (l)
+        *list = l;
+    if (!l || !p) {
+        free(p);
+        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        goto out;
+    }
+    l[(*n)++] = p;
+    rc = ferry__rebind_all(f, 1);
+    if (rc) {
+        free(l[--(*n)]);
+        goto out;
+    }
+    ferry__rebind_all(f, 0);
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_ignore(ferry *f, const char *pattern)
+{
+    return f ? add_pattern(f, &f->ignore, &f->n_ignore, pattern) : FERRY_EINVAL;
+}
+
+int ferry_optional(ferry *f, const char *pattern)
+{
+    return f ? add_pattern(f, &f->optional, &f->n_optional, pattern) : FERRY_EINVAL;
+}
+
+int ferry_group_remove(ferry *f, const char *name)
+{
+    if (!f || !name)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int g = find_group(f, name);
+    int rc = 0;
+    if (g < 0) {
+        rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", name);
+        goto out;
+    }
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->group == g && t->refs > 0) {
+            rc = ferry__fail(&f->err, FERRY_EBUSY,
+                             "group '%s': tensor '%s' is prepared (%d references)", name,
+                             t->info.name, t->refs);
+            goto out;
+        }
+    }
+    /* Wait for jobs on its tensors to finish; a job never outlives its tensor's memory. */
+    for (;;) {
+        int busy = 0;
+        for (size_t i = 0; i < f->n_tensors && !busy; i++) {
+            ferry_tensor *t = f->tensors[i];
+            busy = t->group == g && (t->comp.state == FERRY__LOADING ||
+                                     t->host.state == FERRY__LOADING);
+        }
+        if (!busy)
+            break;
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->group != g)
+            continue;
+        ferry__drop_copy(f, t, &t->comp);
+        ferry__drop_copy(f, t, &t->host);
+        t->removed = 1;
+    }
+    f->groups[g].removed = 1;
+    ferry__sched_reset(&f->sched);
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+ferry_tensor *ferry_find(ferry *f, const char *name)
+{
+    if (!f || !name)
+        return NULL;
+    pthread_mutex_lock(&f->lock);
+    ferry_tensor *t = NULL;
+    int64_t i = ferry_catalog_find(f->cat, name);
+    if (i >= 0 && (size_t)i < f->n_tensors) {
+        t = f->tensors[i];
+        if (t->removed || ferry__bind(f, t) || t->ignored)
+            t = NULL;
+    }
+    if (!t && (i < 0 || (size_t)i >= f->n_tensors))
+        ferry__fail(&f->err, FERRY_ENOENT, "no tensor '%s'", name);
+    pthread_mutex_unlock(&f->lock);
+    return t;
+}
+
+int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *out)
+{
+    if (!t || !out)
+        return FERRY_EINVAL;
+    *out = t->info;
+    return 0;
+}
+
+static void fmt_shape(char *buf, size_t n, uint32_t ndim, const int64_t *shape)
+{
+    size_t len = 0;
+    len += (size_t)snprintf(buf + len, n - len, "[");
+    for (uint32_t i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+/* Checks T against its expectation; appends a line to the error report. 0 when it fits. */
+static int check_expect(ferry__err *rep, const ferry_tensor *t, int append)
+{
+    if (!t->has_expect)
+        return 0;
+    int rc = 0;
+    char want[200], got[200];
+    if (t->expect_dtype != FERRY_DTYPE_NONE && t->expect_dtype != t->info.dtype) {
+        rc = FERRY_EDTYPE;
+        if (append)
+            ferry__fail_append(rep, rc, "%s: tensor '%s': expected dtype %s, found %s",
+                               t->info.file, t->info.name, ferry_dtype_name(t->expect_dtype),
+                               ferry_dtype_name(t->info.dtype));
+    }
+    if (t->expect_ndim &&
+        (t->expect_ndim != t->info.ndim ||
+         memcmp(t->expect_shape, t->info.shape, t->info.ndim * sizeof(int64_t)) != 0)) {
+        fmt_shape(want, sizeof want, t->expect_ndim, t->expect_shape);
+        fmt_shape(got, sizeof got, t->info.ndim, t->info.shape);
+        if (!rc)
+            rc = FERRY_ESHAPE;
+        if (append)
+            ferry__fail_append(rep, FERRY_ESHAPE,
+                               "%s: tensor '%s': expected shape %s, found %s", t->info.file,
+                               t->info.name, want, got);
+    }
+    return rc;
+}
+
+int ferry__check_expect(ferry *f, const ferry_tensor *t)
+{
+    if (!t->has_expect)
+        return 0;
+    ferry__err_clear(&f->err);
+    return check_expect(&f->err, t, 1);
+}
+
+int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
+                 const int64_t *shape)
+{
+    if (!f || !name || ndim > FERRY_MAX_DIMS || (ndim && !shape))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    int64_t i = ferry_catalog_find(f->cat, name);
+    if (i >= 0 && (size_t)i < f->n_tensors) {
+        ferry_tensor *t = f->tensors[i];
+        t->has_expect = 1;
+        t->expect_dtype = dtype;
+        t->expect_ndim = ndim;
+        memset(t->expect_shape, 0, sizeof t->expect_shape);
+        if (ndim)
+            memcpy(t->expect_shape, shape, ndim * sizeof *shape);
+        goto out;
+    }
+    /* Not (yet) present: remember it; ferry_validate reports it unless optional, and a file
+     * opened later that has it picks the expectation up. */
+    uint64_t mi;
+    if (!ferry__hmap_get(&f->expected_missing, name, &mi)) {
+        char **names = realloc(f->missing_names, (f->n_missing + 1) * sizeof *names);
+        if (names)
+            f->missing_names = names;
+        ferry__expect_rec *recs =
+            realloc(f->missing_expect, (f->n_missing + 1) * sizeof *recs);
+        if (recs)
+            f->missing_expect = recs;
+        char *copy = ferry__strdup(name);
+        if (!names || !recs || !copy) {
+            free(copy);
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+        names[f->n_missing] = copy;
+        mi = f->n_missing++;
+        if (ferry__hmap_put(&f->expected_missing, copy, mi, NULL)) {
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    ferry__expect_rec *e = &f->missing_expect[mi];
+    e->dtype = dtype;
+    e->ndim = ndim;
+    memset(e->shape, 0, sizeof e->shape);
+    if (ndim)
+        memcpy(e->shape, shape, ndim * sizeof *shape);
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_validate(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry__err *rep = malloc(sizeof *rep);
+    if (!rep) {
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    ferry__err_clear(rep);
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->removed)
+            continue;
+        int rc = ferry__bind(f, t);
+        if (rc)
+            ferry__fail_append(rep, rc, "%s", f->err.msg);
+        else if (!t->ignored)
+            check_expect(rep, t, 1);
+    }
+    for (size_t i = 0; i < f->n_missing; i++) {
+        const char *name = f->missing_names[i];
+        if (!ferry__hmap_get(&f->expected_missing, name, NULL))
+            continue; /* found in a file opened later */
+        int ignored = 0, optional = 0;
+        for (size_t k = 0; k < f->n_ignore; k++)
+            ignored |= ferry__glob(f->ignore[k], name);
+        for (size_t k = 0; k < f->n_optional; k++)
+            optional |= ferry__glob(f->optional[k], name);
+        if (!ignored && !optional)
+            ferry__fail_append(rep, FERRY_ENOENT,
+                               "tensor '%s': required but not found in any opened file", name);
+    }
+    f->err = *rep;
+    free(rep);
+    int rc = f->err.code;
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_get_stats(const ferry *f, ferry_stats *out)
+{
+    if (!f || !out)
+        return FERRY_EINVAL;
+    ferry *m = (ferry *)f;
+    pthread_mutex_lock(&m->lock);
+    *out = f->stats;
+    for (int d = 0; d < f->n_devs; d++) {
+        out->resident_bytes[d] = f->devs[d].used;
+        out->peak_bytes[d] = f->devs[d].peak;
+    }
+    out->bytes_read = __atomic_load_n(&f->a_bytes_read, __ATOMIC_RELAXED);
+    out->bytes_copied = __atomic_load_n(&f->a_bytes_copied, __ATOMIC_RELAXED);
+    out->locked_bytes = __atomic_load_n(&f->a_locked_bytes, __ATOMIC_RELAXED);
+    out->lock_failures = __atomic_load_n(&f->a_lock_failures, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}

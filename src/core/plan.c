@@ -1,0 +1,93 @@
+/*
+ * plan.c — the dry run: where every tensor would live and how many bytes each device would hold,
+ * computed by the same decisions (ferry__decide, ferry__effective_home, the same allocation sizes)
+ * that the real load uses, with no allocation and no I/O.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals *totals)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry_placement *pl = NULL;
+    if (out && !(pl = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *pl))) {
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    ferry_plan_totals tot;
+    memset(&tot, 0, sizeof tot);
+    size_t n = 0;
+    int rc = 0;
+    for (size_t i = 0; i < f->n_tensors && !rc; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->removed)
+            continue;
+        if ((rc = ferry__bind(f, t)) != 0)
+            break;
+        if (t->ignored)
+            continue;
+        ferry_placement p;
+        memset(&p, 0, sizeof p);
+        p.name = t->info.name;
+        p.group = t->group >= 0 ? f->groups[t->group].name : "default";
+        p.home = ferry__effective_home(f, t);
+        p.compute_device = t->compute_dev;
+        p.lazy = t->lazy;
+        p.zero_copy = t->zero_copy;
+        int host_compute = f->devs[t->compute_dev].d->host_accessible;
+        int converted = t->out_dtype != t->info.dtype;
+        if (t->lazy) {
+            tot.mapped_bytes += t->info.nbytes;
+        } else if (host_compute) {
+            if (p.home == FERRY_HOME_HOST) {
+                if (t->zero_copy) {
+                    tot.mapped_bytes += t->info.nbytes;
+                } else {
+                    p.home_bytes = ferry__host_alloc_size(t, converted);
+                    tot.host_bytes += p.home_bytes;
+                }
+            } else {
+                p.compute_bytes = ferry__host_alloc_size(t, converted);
+                tot.disk_bytes += t->info.nbytes;
+                tot.staged_bytes[FERRY__HOST] += p.compute_bytes;
+            }
+        } else {
+            p.compute_bytes = ferry__dev_alloc_size(t);
+            if (p.home == FERRY_HOME_HOST) {
+                if (t->zero_copy) {
+                    tot.mapped_bytes += t->info.nbytes;
+                } else {
+                    p.home_bytes = ferry__host_alloc_size(t, 0);
+                    tot.host_bytes += p.home_bytes;
+                }
+                tot.staged_bytes[t->compute_dev] += p.compute_bytes;
+            } else if (p.home == FERRY_HOME_DEVICE) {
+                p.home_bytes = p.compute_bytes;
+                p.compute_bytes = 0;
+                tot.device_bytes[t->compute_dev] += p.home_bytes;
+            } else {
+                tot.disk_bytes += t->info.nbytes;
+                tot.staged_bytes[t->compute_dev] += p.compute_bytes;
+            }
+        }
+        if (pl)
+            pl[n] = p;
+        n++;
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (rc) {
+        free(pl);
+        return rc;
+    }
+    if (out)
+        *out = pl;
+    if (n_out)
+        *n_out = n;
+    if (totals)
+        *totals = tot;
+    return 0;
+}

@@ -1,0 +1,130 @@
+/*
+ * policy.c — from a tensor's group policy and size to its placement: lazy or not, zero-copy or
+ * not, which device computes it, in which dtype, how many bytes each copy takes.
+ *
+ * ferry__decide is the one place these decisions are made; the real load and the dry run
+ * (ferry_plan) both call it, so they cannot disagree. Laziness depends only on the policy and the
+ * tensor's size — never on the load mode and never on whether this is a dry run (seed 002).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+static const ferry_policy default_policy = {0};
+
+const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t)
+{
+    if (t->group < 0 || (size_t)t->group >= f->n_groups)
+        return &default_policy;
+    return &f->groups[t->group].policy;
+}
+
+/* The group a tensor name falls in: the first rule that matches, or -1 (default). */
+static int match_group(const ferry *f, const char *name)
+{
+    for (size_t i = 0; i < f->n_rules; i++)
+        if (!f->groups[f->rules[i].group].removed && ferry__glob(f->rules[i].pattern, name))
+            return f->rules[i].group;
+    return -1;
+}
+
+static int matches_any(char **patterns, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ferry__glob(patterns[i], name))
+            return 1;
+    return 0;
+}
+
+uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted)
+{
+    /* Data read straight from the file is placed at offset % FERRY__IO_ALIGN inside a buffer
+     * aligned to FERRY__IO_ALIGN, so that O_DIRECT can read into it. */
+    uint64_t head = converted ? 0 : t->info.offset % FERRY__IO_ALIGN;
+    uint64_t bytes = converted ? t->out_bytes : t->info.nbytes;
+    uint64_t size;
+    if (ferry__align_up(head + bytes, FERRY__IO_ALIGN, &size))
+        return UINT64_MAX;
+    return size ? size : FERRY__IO_ALIGN;
+}
+
+int ferry__decide(ferry *f, ferry_tensor *t)
+{
+    const ferry_policy *p = ferry__policy_of(f, t);
+    uint64_t threshold = p->lazy_threshold ? p->lazy_threshold : FERRY_LAZY_DEFAULT_THRESHOLD;
+    if (p->compute_device < 0 || p->compute_device >= f->n_devs)
+        return ferry__fail(&f->err, FERRY_EINVAL,
+                           "tensor '%s': group policy names device %d, but only %d devices exist",
+                           t->info.name, p->compute_device, f->n_devs);
+    t->lazy = p->lazy == FERRY_LAZY_ON || (p->lazy == FERRY_LAZY_AUTO && t->info.nbytes >= threshold);
+    t->compute_dev = p->compute_device;
+    t->out_dtype = t->info.dtype;
+    t->out_bytes = t->info.nbytes;
+    if (p->convert && !t->lazy && p->compute_dtype != t->info.dtype) {
+        if (!ferry_dtype_can_convert(t->info.dtype, p->compute_dtype))
+            return ferry__fail(&f->err, FERRY_EDTYPE,
+                               "%s: tensor '%s': cannot convert %s to %s", t->info.file,
+                               t->info.name, ferry_dtype_name(t->info.dtype),
+                               ferry_dtype_name(p->compute_dtype));
+        int rc = ferry_dtype_nbytes(p->compute_dtype, t->info.n_elems, &t->out_bytes);
+        if (rc)
+            return ferry__fail(&f->err, rc,
+                               "%s: tensor '%s': %llu elements are not whole blocks of %s",
+                               t->info.file, t->info.name, (unsigned long long)t->info.n_elems,
+                               ferry_dtype_name(p->compute_dtype));
+        t->out_dtype = p->compute_dtype;
+    }
+    int converted = t->out_dtype != t->info.dtype;
+    ferry_home home = ferry__effective_home(f, t);
+    t->zero_copy = !t->lazy && !converted && home == FERRY_HOME_HOST &&
+                   (p->load == FERRY_LOAD_MMAP || p->load == FERRY_LOAD_AUTO) && t->file->map;
+    return 0;
+}
+
+ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t)
+{
+    const ferry_policy *p = ferry__policy_of(f, t);
+    int dev = p->compute_device;
+    int host_side = dev < 0 || dev >= f->n_devs || f->devs[dev].d->host_accessible;
+    if (p->home == FERRY_HOME_DEVICE && host_side)
+        return FERRY_HOME_HOST;
+    return p->home;
+}
+
+int ferry__bind(ferry *f, ferry_tensor *t)
+{
+    if (t->bound)
+        return 0;
+    t->group = match_group(f, t->info.name);
+    t->ignored = matches_any(f->ignore, f->n_ignore, t->info.name);
+    t->optional = matches_any(f->optional, f->n_optional, t->info.name);
+    int rc = ferry__decide(f, t);
+    if (rc)
+        return rc;
+    t->bound = 1;
+    return 0;
+}
+
+/* Re-evaluates group membership of every tensor not yet used (after a rule changed). Returns
+ * FERRY_EBUSY naming the tensor when one that has been used would change group. */
+int ferry__rebind_all(ferry *f, int check_only)
+{
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        int g = match_group(f, t->info.name);
+        int ign = matches_any(f->ignore, f->n_ignore, t->info.name);
+        if (t->used && (g != t->group || ign != t->ignored)) {
+            if (check_only)
+                return ferry__fail(&f->err, FERRY_EBUSY,
+                                   "tensor '%s' is already loaded in group '%s'; define groups "
+                                   "before loading",
+                                   t->info.name,
+                                   t->group >= 0 ? f->groups[t->group].name : "default");
+            continue;
+        }
+        if (!check_only && !t->used)
+            t->bound = 0;
+    }
+    return 0;
+}

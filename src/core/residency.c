@@ -1,0 +1,878 @@
+/*
+ * residency.c — prepare / release / prefetch, the loader threads that fill copies, and the
+ * transfer pipeline that moves a tensor's bytes from the file (or its host home copy) to the
+ * compute device, converting on the way.
+ *
+ * A tensor has at most two copies: `host` (its home copy in host RAM when it is computed on an
+ * accelerator) and `comp` (what the engine's data pointer points at). Copies that are the file
+ * mapping (zero-copy, lazy) are READY as soon as they are needed. Others are filled by a job: the
+ * enqueuing thread reserves the memory under the lock (so in-flight bytes count against the
+ * budget), marks the copies LOADING and queues the job; a loader thread allocates, moves the bytes
+ * without the lock, and marks the copies READY (or EMPTY with the error) under the lock.
+ *
+ * Transfers go in chunks of whole blocks, at most FERRY__XFER_CHUNK bytes on either side, through
+ * two staging buffers per loader, so that reading chunk i+1 overlaps copying chunk i to the device.
+ * The home copy is never written: conversion writes only to the staged copy.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core/core.h"
+#include "dtype/dtype.h"
+
+#define FERRY__XFER_CHUNK (UINT64_C(16) << 20)
+#define FERRY__MAX_PREFETCH 4
+#define FERRY__PREFETCH_SCAN 256
+#define FERRY__PARALLEL_READ (UINT64_C(4) << 20) /* reads this large go to the I/O pool */
+
+typedef struct loader_ctx {
+    unsigned char *stage[2]; /* file bytes, FERRY__IO_ALIGN-aligned, chunk + 2 pages */
+    unsigned char *conv[2];  /* converted bytes bound for a device */
+    uint64_t ticket[2];
+    int pending[2];
+} loader_ctx;
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+
+static int host_side(const ferry *f, int dev)
+{
+    return f->devs[dev].d->host_accessible;
+}
+
+static void add_stat(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+uint64_t ferry__dev_alloc_size(const ferry_tensor *t)
+{
+    uint64_t n = t->out_bytes ? t->out_bytes : 1;
+    uint64_t size;
+    return ferry__align_up(n, 256, &size) ? UINT64_MAX : size;
+}
+
+/* ---- reading file ranges ---------------------------------------------------------------------- */
+
+typedef struct sync_wait {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int done, status;
+} sync_wait;
+
+static void sync_done(void *ud, int status)
+{
+    sync_wait *w = ud;
+    pthread_mutex_lock(&w->m);
+    w->done = 1;
+    w->status = status;
+    pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+}
+
+/* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST. Large reads go to the
+ * I/O pool so that several workers read chunks of it in parallel. */
+static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
+                      ferry_load mode, ferry__err *e)
+{
+    uint64_t abs = t->info.offset + off;
+    int rc;
+    if (len < FERRY__PARALLEL_READ || !f->io) {
+        rc = ferry__io_read(t->file, abs, len, dst, mode, e);
+    } else {
+        sync_wait w = {.done = 0, .status = 0};
+        pthread_mutex_init(&w.m, NULL);
+        pthread_cond_init(&w.c, NULL);
+        ferry__ioreq req = {.file = t->file, .offset = abs, .len = len, .dst = dst,
+                            .mode = mode, .done = sync_done, .ud = &w};
+        rc = ferry__io_submit(f->io, &req);
+        if (!rc) {
+            pthread_mutex_lock(&w.m);
+            while (!w.done)
+                pthread_cond_wait(&w.c, &w.m);
+            pthread_mutex_unlock(&w.m);
+            rc = w.status;
+            if (rc)
+                ferry__fail(e, rc, "%s: tensor '%s': reading %llu bytes at offset %llu failed: %s",
+                            t->info.file, t->info.name, (unsigned long long)len,
+                            (unsigned long long)abs, ferry_strerror(rc));
+        } else {
+            ferry__fail(e, rc, "%s: tensor '%s': cannot queue read", t->info.file, t->info.name);
+        }
+        pthread_cond_destroy(&w.c);
+        pthread_mutex_destroy(&w.m);
+    }
+    if (!rc)
+        add_stat(&f->a_bytes_read, len);
+    return rc;
+}
+
+/* ---- the transfer pipeline -------------------------------------------------------------------- */
+
+static int ctx_buffers(loader_ctx *lc, int need_conv)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!lc->stage[i] &&
+            posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN,
+                           FERRY__XFER_CHUNK + 2 * FERRY__IO_ALIGN))
+            return FERRY_ENOMEM;
+        if (need_conv && !lc->conv[i] &&
+            posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, FERRY__XFER_CHUNK))
+            return FERRY_ENOMEM;
+    }
+    return 0;
+}
+
+static void ctx_free(loader_ctx *lc)
+{
+    for (int i = 0; i < 2; i++) {
+        free(lc->stage[i]);
+        free(lc->conv[i]);
+    }
+}
+
+static int wait_slot(ferry_device *d, loader_ctx *lc, int slot)
+{
+    if (!lc->pending[slot])
+        return 0;
+    lc->pending[slot] = 0;
+    return d->ops->wait(d, lc->ticket[slot]);
+}
+
+/* Elements per chunk: whole blocks of both types, at most FERRY__XFER_CHUNK bytes on each side. */
+static uint64_t chunk_elems(ferry_dtype in, ferry_dtype out)
+{
+    uint64_t bi = ferry_dtype_block_elems(in), bo = ferry_dtype_block_elems(out);
+    uint64_t unit = bi;
+    while (unit % bo)
+        unit += bi;
+    uint64_t bytes_in = 0, bytes_out = 0;
+    ferry_dtype_nbytes(in, unit, &bytes_in);
+    ferry_dtype_nbytes(out, unit, &bytes_out);
+    uint64_t per = FERRY__MAX(bytes_in, bytes_out);
+    uint64_t units = per ? FERRY__XFER_CHUNK / per : 1;
+    return (units ? units : 1) * unit;
+}
+
+/* Fills DST (a copy of T on device DST->dev whose memory is allocated) from SRC_HOST (the home
+ * copy, in the file's dtype) or, when NULL, from the file with MODE. */
+static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned char *src_host,
+                    ferry_load mode, ferry__copy *dst, ferry__err *e)
+{
+    ferry_device *d = f->devs[dst->dev].d;
+    int to_host = d->host_accessible;
+    ferry_dtype in = t->info.dtype, out = t->out_dtype;
+    int converted = in != out;
+    unsigned char *dptr = dst->ptr;
+
+    if (!converted && to_host) {
+        if (src_host) {
+            memcpy(dptr, src_host, t->info.nbytes);
+            add_stat(&f->a_bytes_copied, t->info.nbytes);
+            return 0;
+        }
+        return read_range(f, t, 0, t->info.nbytes, dptr, mode, e);
+    }
+    int rc = ctx_buffers(lc, converted && !to_host);
+    if (rc)
+        return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
+    uint64_t n = t->info.n_elems, step = chunk_elems(in, out);
+    int slot = 0;
+    for (uint64_t el = 0; el < n && !rc; el += step, slot ^= 1) {
+        uint64_t ce = FERRY__MIN(step, n - el);
+        uint64_t in_off, in_len, out_off, out_len;
+        ferry_dtype_nbytes(in, el, &in_off);
+        ferry_dtype_nbytes(in, ce, &in_len);
+        ferry_dtype_nbytes(out, el, &out_off);
+        ferry_dtype_nbytes(out, ce, &out_len);
+        if (!to_host && (rc = wait_slot(d, lc, slot)) != 0)
+            break;
+        const unsigned char *src;
+        if (src_host) {
+            src = src_host + in_off;
+        } else {
+            unsigned char *buf = lc->stage[slot] + (t->info.offset + in_off) % FERRY__IO_ALIGN;
+            if ((rc = read_range(f, t, in_off, in_len, buf, mode, e)) != 0)
+                break;
+            src = buf;
+        }
+        if (converted) {
+            unsigned char *cdst = to_host ? dptr + out_off : lc->conv[slot];
+            if ((rc = ferry_dtype_convert(in, src, out, cdst, ce)) != 0) {
+                ferry__fail(e, rc, "tensor '%s': converting %s to %s failed", t->info.name,
+                            ferry_dtype_name(in), ferry_dtype_name(out));
+                break;
+            }
+            src = cdst;
+        }
+        if (!to_host) {
+            rc = d->ops->copy_h2d(d, dptr + out_off, src, out_len, &lc->ticket[slot]);
+            if (rc) {
+                ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", d->name,
+                            t->info.name, d->errmsg);
+                break;
+            }
+            lc->pending[slot] = 1;
+            add_stat(&f->a_bytes_copied, out_len);
+        }
+    }
+    for (int s = 0; s < 2; s++) {
+        int wrc = to_host ? 0 : wait_slot(d, lc, s);
+        if (wrc && !rc)
+            rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", d->name,
+                             t->info.name, d->errmsg);
+    }
+    return rc;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------------- */
+
+/* What a queued job fills (decided under the lock when it is queued). */
+enum { FILL_HOST = 1, FILL_COMP = 2 };
+
+struct ferry__jobx {
+    ferry__job base;
+    int fill;
+};
+
+static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
+                      const ferry_tensor *t)
+{
+    if (c->mem.base) {
+        c->ptr = (unsigned char *)c->mem.base + head;
+        return 0;
+    }
+    ferry_device *d = f->devs[c->dev].d;
+    void *p = NULL;
+    int rc = d->ops->alloc(d, c->mem.size, &p);
+    if (rc)
+        return ferry__fail(e, rc, "%s: tensor '%s': cannot allocate %llu bytes: %s", d->name,
+                           t->info.name, (unsigned long long)c->mem.size, d->errmsg);
+    c->mem.base = p;
+    c->ptr = (unsigned char *)p + head;
+    return 0;
+}
+
+static void lock_copy(ferry *f, ferry_tensor *t, ferry__copy *c, uint64_t len)
+{
+    const ferry_policy *p = ferry__policy_of(f, t);
+    if (!p->lock || t->lazy || !c->ptr || !host_side(f, c->dev))
+        return;
+    if (mlock(c->ptr, len) == 0) {
+        c->locked = 1;
+        add_stat(&f->a_locked_bytes, len);
+    } else {
+        add_stat(&f->a_lock_failures, 1);
+    }
+}
+
+static int run_job(ferry *f, loader_ctx *lc, ferry_tensor *t, int fill, ferry__err *e)
+{
+    const ferry_policy *p = ferry__policy_of(f, t);
+    int rc = 0;
+    if (fill & FILL_HOST) {
+        rc = alloc_copy(f, &t->host, t->info.offset % FERRY__IO_ALIGN, e, t);
+        if (!rc)
+            rc = read_range(f, t, 0, t->info.nbytes, t->host.ptr, p->load, e);
+        if (!rc)
+            lock_copy(f, t, &t->host, t->info.nbytes);
+        if (rc)
+            return rc;
+    }
+    if (fill & FILL_COMP) {
+        int converted = t->out_dtype != t->info.dtype;
+        uint64_t head = host_side(f, t->comp.dev) && !converted
+                            ? t->info.offset % FERRY__IO_ALIGN : 0;
+        rc = alloc_copy(f, &t->comp, head, e, t);
+        if (rc)
+            return rc;
+        /* The host copy is READY (permanent, or filled just above) or absent. */
+        const unsigned char *src = (t->host.state == FERRY__READY || (fill & FILL_HOST))
+                                       ? t->host.ptr : NULL;
+        rc = transfer(f, lc, t, src, p->load, &t->comp, e);
+        if (!rc && t->comp.permanent)
+            lock_copy(f, t, &t->comp, t->out_bytes);
+    }
+    return rc;
+}
+
+/* Makes mapping-backed copies READY; decides which copies a job must fill. Lock held. */
+static int needs(ferry *f, ferry_tensor *t, int home_only)
+{
+    int fill = 0;
+    const ferry__iofile *file = t->file;
+    unsigned char *mapped = file->map ? (unsigned char *)file->map + t->info.offset : NULL;
+    ferry_home home = ferry__effective_home(f, t);
+    int dev = t->compute_dev;
+    if (t->lazy) {
+        if (t->comp.state == FERRY__EMPTY) {
+            t->comp.state = FERRY__READY;
+            t->comp.ptr = mapped;
+            t->comp.mapped = t->comp.permanent = 1;
+            t->comp.dev = FERRY__HOST;
+            ferry__iofile_advise(file, t->info.offset, t->info.nbytes, MADV_RANDOM);
+        }
+        return 0;
+    }
+    if (host_side(f, dev)) {
+        if (t->comp.state != FERRY__EMPTY)
+            return 0;
+        t->comp.dev = FERRY__HOST;
+        if (home == FERRY_HOME_HOST) {
+            if (t->zero_copy) {
+                t->comp.state = FERRY__READY;
+                t->comp.ptr = mapped;
+                t->comp.mapped = t->comp.permanent = 1;
+                ferry__iofile_advise(file, t->info.offset, t->info.nbytes, MADV_WILLNEED);
+                lock_copy(f, t, &t->comp, t->info.nbytes);
+                return 0;
+            }
+            t->comp.permanent = 1;
+            return FILL_COMP;
+        }
+        return home_only ? 0 : FILL_COMP; /* home disk: a cached copy */
+    }
+    if (home == FERRY_HOME_HOST && t->host.state == FERRY__EMPTY) {
+        t->host.dev = FERRY__HOST;
+        t->host.permanent = 1;
+        if (t->zero_copy) {
+            t->host.state = FERRY__READY;
+            t->host.ptr = mapped;
+            t->host.mapped = 1;
+            ferry__iofile_advise(file, t->info.offset, t->info.nbytes, MADV_WILLNEED);
+            lock_copy(f, t, &t->host, t->info.nbytes);
+        } else {
+            fill |= FILL_HOST;
+        }
+    }
+    if (t->comp.state == FERRY__EMPTY) {
+        t->comp.dev = dev;
+        t->comp.permanent = home == FERRY_HOME_DEVICE;
+        if (home == FERRY_HOME_DEVICE || !home_only)
+            fill |= FILL_COMP;
+    }
+    return fill;
+}
+
+static ferry__job *job_new(ferry *f)
+{
+    ferry__job *j = f->free_jobs;
+    if (j) {
+        f->free_jobs = j->next;
+        memset(j, 0, sizeof *j);
+        return j;
+    }
+    return calloc(1, sizeof(struct ferry__jobx));
+}
+
+static void job_recycle(ferry *f, ferry__job *j)
+{
+    j->next = f->free_jobs;
+    f->free_jobs = j;
+}
+
+/* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only
+ * cached copies used later than this may be evicted for it (prefetch); 0 for demand loads.
+ * Lock held. Returns 0 (queued or nothing to do) or FERRY_EBUDGET / FERRY_ENOMEM. */
+static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist)
+{
+    if (f->closing)
+        return ferry__fail(&f->err, FERRY_ECANCELED, "manager is closing");
+    int fill = needs(f, t, home_only);
+    if (!fill)
+        return 0;
+    ferry__mem hm = {0}, cm = {0};
+    int rc = 0;
+    if (fill & FILL_HOST)
+        rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), 0, &hm);
+    if (!rc && (fill & FILL_COMP)) {
+        int dev = t->comp.dev;
+        uint64_t size = host_side(f, dev) ? ferry__host_alloc_size(t, t->out_dtype != t->info.dtype)
+                                          : ferry__dev_alloc_size(t);
+        rc = ferry__reserve(f, dev, size, min_dist, &cm);
+    }
+    ferry__job *j = rc ? NULL : job_new(f);
+    if (rc || !j) {
+        if (!rc)
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory queuing a load");
+        else if (!prefetch)
+            ferry__fail_append(&f->err, 0, "while loading tensor '%s' (%llu bytes)",
+                               t->info.name, (unsigned long long)t->out_bytes);
+        ferry__unreserve(f, FERRY__HOST, &hm);
+        ferry__unreserve(f, t->comp.dev, &cm);
+        if (fill & FILL_HOST)
+            t->host.permanent = 0;
+        return rc;
+    }
+    if (fill & FILL_HOST) {
+        t->host.mem = hm;
+        t->host.state = FERRY__LOADING;
+    }
+    if (fill & FILL_COMP) {
+        t->comp.mem = cm;
+        t->comp.state = FERRY__LOADING;
+        t->comp.status = 0;
+    }
+    t->load_gen++;
+    t->used = 1;
+    j->t = t;
+    j->prefetch = prefetch;
+    ((struct ferry__jobx *)j)->fill = fill;
+    j->next = NULL;
+    if (f->queue_tail)
+        f->queue_tail->next = j;
+    else
+        f->queue_head = j;
+    f->queue_tail = j;
+    if (prefetch)
+        f->inflight_prefetch++;
+    pthread_cond_signal(&f->work);
+    return 0;
+}
+
+/* Queues prefetches of what the schedule says comes next: the next set's worth of bytes (the
+ * size of the last prepared set), evicting only copies used later than what it loads.
+ *
+ * Why not as deep as the budget allows: with a cyclic order, Belady keeps a fixed part of the
+ * model cached and streams the rest through a small window; a prefetcher that runs far ahead has
+ * to evict that fixed part to make room and ends up reading the whole model every pass. A window
+ * of one set (the W of "M - B + W") hides the reads behind the compute of the current set. */
+static void prefetch_ahead(ferry *f)
+{
+    if (!f->sched.complete || f->closing)
+        return;
+    uint64_t window = f->last_set_bytes, ahead = 0;
+    for (size_t k = 1; k < f->sched.len && k <= FERRY__PREFETCH_SCAN &&
+                       f->inflight_prefetch < FERRY__MAX_PREFETCH;
+         k++) {
+        uint32_t id = ferry__sched_ahead(&f->sched, k);
+        if (id == FERRY__SCHED_NONE || id >= f->n_tensors)
+            break;
+        ferry_tensor *t = f->tensors[id];
+        if (t->removed || t->ignored || t->lazy)
+            continue;
+        if (ahead >= window)
+            break;
+        ahead += t->out_bytes;
+        if (t->comp.state != FERRY__EMPTY)
+            continue;
+        ferry__err saved = f->err;
+        int rc = enqueue(f, t, 0, 1, k);
+        f->err = saved; /* a hint that does not fit is no error */
+        if (rc)
+            break;
+    }
+}
+
+static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e)
+{
+    ferry_tensor *t = j->t;
+    if (rc) {
+        if (fill & FILL_COMP) {
+            ferry__unreserve(f, t->comp.dev, &t->comp.mem);
+            int dev = t->comp.dev;
+            memset(&t->comp, 0, sizeof t->comp);
+            t->comp.dev = dev;
+            t->comp.status = rc;
+        }
+        if (fill & FILL_HOST) {
+            if (t->host.locked)
+                munlock(t->host.ptr, t->info.nbytes);
+            ferry__unreserve(f, FERRY__HOST, &t->host.mem);
+            memset(&t->host, 0, sizeof t->host);
+        }
+        if (!j->prefetch || !f->err.code)
+            f->err = *e;
+    } else {
+        if (fill & FILL_HOST)
+            t->host.state = FERRY__READY;
+        if (fill & FILL_COMP) {
+            t->comp.state = FERRY__READY;
+            t->comp.last_use = ++f->clock;
+        }
+    }
+    if (j->prefetch)
+        f->inflight_prefetch--;
+}
+
+static void *loader_main(void *arg)
+{
+    ferry *f = arg;
+    loader_ctx lc = {0};
+    ferry__err *e = malloc(sizeof *e);
+    pthread_mutex_lock(&f->lock);
+    for (;;) {
+        while (!f->queue_head && !f->closing)
+            pthread_cond_wait(&f->work, &f->lock);
+        ferry__job *j = f->queue_head;
+        if (!j)
+            break; /* closing and drained */
+        f->queue_head = j->next;
+        if (!f->queue_head)
+            f->queue_tail = NULL;
+        int fill = ((struct ferry__jobx *)j)->fill;
+        int rc;
+        if (f->closing || !e) {
+            rc = FERRY_ECANCELED;
+            if (e)
+                ferry__fail(e, rc, "tensor '%s': load cancelled (closing)", j->t->info.name);
+        } else {
+            f->running++;
+            pthread_mutex_unlock(&f->lock);
+            ferry__err_clear(e);
+            rc = run_job(f, &lc, j->t, fill, e);
+            pthread_mutex_lock(&f->lock);
+            f->running--;
+        }
+        ferry__err fallback = {.code = FERRY_ENOMEM, .msg = "out of memory"};
+        finish_job(f, j, fill, rc, e ? e : &fallback);
+        int was_prefetch = j->prefetch;
+        job_recycle(f, j);
+        pthread_cond_broadcast(&f->cond);
+        if (was_prefetch && !rc)
+            prefetch_ahead(f);
+    }
+    pthread_mutex_unlock(&f->lock);
+    ctx_free(&lc);
+    free(e);
+    return NULL;
+}
+
+int ferry__loaders_start(ferry *f)
+{
+    unsigned n = 2;
+    f->loaders = calloc(n, sizeof *f->loaders);
+    if (!f->loaders)
+        return FERRY_ENOMEM;
+    for (unsigned i = 0; i < n; i++) {
+        if (pthread_create(&f->loaders[i], NULL, loader_main, f) != 0)
+            return FERRY_ENOMEM;
+        f->n_loaders = i + 1;
+    }
+    return 0;
+}
+
+void ferry__loaders_stop(ferry *f)
+{
+    if (!f->loaders)
+        return;
+    pthread_mutex_lock(&f->lock);
+    f->closing = 1;
+    pthread_cond_broadcast(&f->work);
+    pthread_mutex_unlock(&f->lock);
+    for (unsigned i = 0; i < f->n_loaders; i++)
+        pthread_join(f->loaders[i], NULL);
+    free(f->loaders);
+    f->loaders = NULL;
+    while (f->free_jobs) {
+        ferry__job *j = f->free_jobs;
+        f->free_jobs = j->next;
+        free(j);
+    }
+}
+
+/* ---- the public residency calls ------------------------------------------------------------- */
+
+/* Checks a tensor handle given by the engine. Lock held. */
+static int usable(ferry *f, ferry_tensor *t)
+{
+    if (!t)
+        return ferry__fail(&f->err, FERRY_EINVAL, "NULL tensor");
+    if (t->removed)
+        return ferry__fail(&f->err, FERRY_ENOENT, "tensor '%s': its group was removed",
+                           t->info.name);
+    int rc = ferry__bind(f, t);
+    if (rc)
+        return rc;
+    if (t->ignored)
+        return ferry__fail(&f->err, FERRY_ENOENT, "tensor '%s' is ignored by policy",
+                           t->info.name);
+    return ferry__check_expect(f, t);
+}
+
+/* Waits until every tensor of TS has its comp copy READY, queuing loads as needed. Lock held.
+ * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). */
+static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int count_stats)
+{
+    uint64_t local[64];
+    uint64_t *seen = n <= 64 ? local : calloc(n, sizeof *seen);
+    if (!seen)
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    memset(seen, 0, FERRY__MIN(n, 64) * sizeof *seen);
+    int rc = 0;
+    double waited = 0;
+    for (size_t i = 0; i < n && count_stats; i++) {
+        /* Only copies that come and go can hit or miss. */
+        ferry_tensor *t = ts[i];
+        if (t->lazy || t->comp.permanent || t->comp.mapped)
+            continue;
+        if (t->comp.state == FERRY__EMPTY)
+            f->stats.prefetch_misses++;
+        else
+            f->stats.prefetch_hits++;
+    }
+    for (;;) {
+        int pending = 0;
+        for (size_t i = 0; i < n && !rc; i++) {
+            ferry_tensor *t = ts[i];
+            ferry__copy *c = home_only && t->host.permanent ? &t->host : &t->comp;
+            if (c->state == FERRY__READY || seen[i] == UINT64_MAX)
+                continue;
+            if (c->state == FERRY__LOADING || t->host.state == FERRY__LOADING) {
+                seen[i] = t->load_gen;
+                pending = 1;
+                continue;
+            }
+            if (seen[i] && seen[i] == t->load_gen) {
+                rc = t->comp.status ? t->comp.status : FERRY_EIO;
+                break;
+            }
+            uint64_t gen = t->load_gen;
+            rc = enqueue(f, t, home_only, 0, 0);
+            if (rc)
+                break;
+            if (t->load_gen == gen && home_only) {
+                seen[i] = UINT64_MAX; /* nothing to load: lives on disk or in the mapping */
+                continue;
+            }
+            seen[i] = t->load_gen;
+            if (t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING)
+                pending = 1;
+        }
+        if (rc || !pending)
+            break;
+        double t0 = ferry__now();
+        pthread_cond_wait(&f->cond, &f->lock);
+        waited += ferry__now() - t0;
+    }
+    f->stats.wait_seconds += waited;
+    if (seen != local)
+        free(seen);
+    return rc;
+}
+
+int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    if (!f || (n && !ts))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = usable(f, ts[i]);
+    if (rc) {
+        pthread_mutex_unlock(&f->lock);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ts[i]->refs++;
+        ts[i]->used = 1;
+        f->stats.prepares++;
+        ferry__sched_touch(&f->sched, ts[i]->id);
+    }
+    rc = bring(f, ts, n, 0, 1);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            ts[i]->refs--;
+        /* A home-disk copy that was loaded for this failed set is not worth keeping. */
+    } else {
+        uint64_t set_bytes = 0;
+        for (size_t i = 0; i < n; i++) {
+            ts[i]->comp.last_use = ++f->clock;
+            set_bytes += ts[i]->out_bytes;
+        }
+        f->last_set_bytes = set_bytes;
+        prefetch_ahead(f);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+/* After the last release of a home-disk copy with no host budget: nothing is kept. */
+static void drop_if_unkept(ferry *f, ferry_tensor *t)
+{
+    if (t->refs || t->comp.state != FERRY__READY || t->comp.permanent || t->comp.mapped)
+        return;
+    if (t->comp.dev == FERRY__HOST && !f->devs[FERRY__HOST].budget)
+        ferry__drop_copy(f, t, &t->comp);
+}
+
+int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    if (!f || (n && !ts))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor *t = ts[i];
+        if (!t || t->refs <= 0) {
+            rc = ferry__fail(&f->err, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
+                             t ? t->info.name : "(null)");
+            continue;
+        }
+        t->refs--;
+        t->comp.last_use = ++f->clock;
+        drop_if_unkept(f, t);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_release_all(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        f->tensors[i]->refs = 0;
+        drop_if_unkept(f, f->tensors[i]);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    if (!f || (n && !ts))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor *t = ts[i];
+        ferry__err saved = f->err;
+        if (usable(f, t) || t->lazy || t->comp.state != FERRY__EMPTY) {
+            f->err = saved;
+            continue;
+        }
+        uint64_t dist = ferry__sched_distance(&f->sched, t->id);
+        int rc = enqueue(f, t, 0, 1, dist == UINT64_MAX ? 0 : dist);
+        f->err = saved; /* a hint: what does not fit now is loaded at prepare */
+        if (rc)
+            break;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+int ferry_load_group(ferry *f, const char *group)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0, found = group == NULL;
+    ferry_tensor **set = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *set);
+    size_t n = 0;
+    if (!set) {
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < f->n_tensors && !rc; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->removed)
+            continue;
+        if ((rc = ferry__bind(f, t)) != 0)
+            break;
+        const char *g = t->group >= 0 ? f->groups[t->group].name : "default";
+        if (group && strcmp(g, group) != 0)
+            continue;
+        found = 1;
+        if (!t->ignored)
+            set[n++] = t;
+    }
+    if (!rc && !found)
+        rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", group);
+    if (!rc)
+        rc = bring(f, set, n, 1, 0);
+    free(set);
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+void *ferry_tensor_data(const ferry_tensor *t)
+{
+    if (!t)
+        return NULL;
+    ferry *f = t->owner;
+    pthread_mutex_lock(&f->lock);
+    void *p = t->refs > 0 && t->comp.state == FERRY__READY ? t->comp.ptr : NULL;
+    pthread_mutex_unlock(&f->lock);
+    return p;
+}
+
+uint64_t ferry_tensor_nbytes(const ferry_tensor *t)
+{
+    return t ? t->out_bytes : 0;
+}
+
+ferry_dtype ferry_tensor_dtype(const ferry_tensor *t)
+{
+    return t ? t->out_dtype : FERRY_DTYPE_NONE;
+}
+
+/* ---- row gather ------------------------------------------------------------------------------ */
+
+static int cmp_u64_pair(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, void *dst)
+{
+    if (!f || !t || (n && (!rows || !dst)))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = usable(f, t);
+    pthread_mutex_unlock(&f->lock);
+    if (rc)
+        return rc;
+    uint64_t row_bytes;
+    if (ferry_dtype_nbytes(t->info.dtype, t->info.row_elems, &row_bytes) || !row_bytes)
+        return ferry__fail(&f->err, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",
+                           t->info.name);
+    /* (row, position in the request) sorted by row, so neighbouring rows become one read. */
+    uint64_t *order = malloc((n ? n : 1) * 2 * sizeof *order);
+    if (!order)
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i] >= t->info.n_rows) {
+            free(order);
+            return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': row %llu of %llu",
+                               t->info.name, (unsigned long long)rows[i],
+                               (unsigned long long)t->info.n_rows);
+        }
+        order[2 * i] = rows[i];
+        order[2 * i + 1] = i;
+    }
+    qsort(order, n, 2 * sizeof *order, cmp_u64_pair);
+    uint64_t max_run = FERRY__MAX(1, FERRY__XFER_CHUNK / row_bytes);
+    unsigned char *tmp = NULL;
+    ferry__err e = {0};
+    for (size_t i = 0; i < n && !rc;) {
+        /* A run of consecutive (or repeated) rows, at most max_run rows long. */
+        size_t j = i + 1;
+        while (j < n && order[2 * j] <= order[2 * (j - 1)] + 1 &&
+               order[2 * j] - order[2 * i] < max_run)
+            j++;
+        uint64_t first = order[2 * i], count = order[2 * (j - 1)] - first + 1;
+        if (!tmp && !(tmp = malloc(max_run * row_bytes))) {
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            break;
+        }
+        rc = ferry__io_read(t->file, t->info.offset + first * row_bytes, count * row_bytes, tmp,
+                            FERRY_LOAD_READ, &e);
+        if (rc) {
+            pthread_mutex_lock(&f->lock);
+            f->err = e;
+            pthread_mutex_unlock(&f->lock);
+            break;
+        }
+        add_stat(&f->a_bytes_read, count * row_bytes);
+        for (size_t k = i; k < j; k++)
+            memcpy((unsigned char *)dst + order[2 * k + 1] * row_bytes,
+                   tmp + (order[2 * k] - first) * row_bytes, row_bytes);
+        i = j;
+    }
+    free(tmp);
+    free(order);
+    return rc;
+}

@@ -1,0 +1,178 @@
+/*
+ * parsed.c — the in-memory result of parsing one model file (ferry__parsed), shared by the GGUF
+ * and safetensors readers: growing arrays of tensors and metadata, deep value copies, the
+ * one-file consistency check (unique names, no overlap, inside the file), and content sniffing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/formats.h"
+
+void ferry__value_free(ferry_value *v)
+{
+    if (!v)
+        return;
+    if (v->type == FERRY_VALUE_STRING) {
+        free((char *)v->v.str.ptr);
+    } else if (v->type == FERRY_VALUE_ARRAY) {
+        ferry_value *items = (ferry_value *)v->v.arr.items;
+        if (items && (v->v.arr.elem == FERRY_VALUE_STRING || v->v.arr.elem == FERRY_VALUE_ARRAY))
+            for (uint64_t i = 0; i < v->v.arr.n; i++)
+                ferry__value_free(&items[i]);
+        free(items);
+    }
+    memset(v, 0, sizeof *v);
+}
+
+int ferry__value_copy(ferry_value *dst, const ferry_value *src)
+{
+    *dst = *src;
+    if (src->type == FERRY_VALUE_STRING) {
+        char *s = malloc(src->v.str.len + 1);
+        if (!s)
+            return FERRY_ENOMEM;
+        if (src->v.str.len)
+            memcpy(s, src->v.str.ptr, src->v.str.len);
+        s[src->v.str.len] = 0;
+        dst->v.str.ptr = s;
+    } else if (src->type == FERRY_VALUE_ARRAY) {
+        uint64_t n = src->v.arr.n;
+        ferry_value *items = calloc(n ? n : 1, sizeof *items);
+        if (!items)
+            return FERRY_ENOMEM;
+        for (uint64_t i = 0; i < n; i++) {
+            if (ferry__value_copy(&items[i], &src->v.arr.items[i])) {
+                for (uint64_t j = 0; j < i; j++)
+                    ferry__value_free(&items[j]);
+                free(items);
+                return FERRY_ENOMEM;
+            }
+        }
+        dst->v.arr.items = items;
+    }
+    return 0;
+}
+
+static int grow(void **arr, size_t *cap, size_t len, size_t elem)
+{
+    if (len < *cap)
+        return 0;
+    size_t ncap = *cap ? *cap * 2 : 16;
+    if (ncap > SIZE_MAX / elem)
+        return FERRY_ENOMEM;
+    void *p = realloc(*arr, ncap * elem);
+    if (!p)
+        return FERRY_ENOMEM;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+int ferry__parsed_add_tensor(ferry__parsed *p, const ferry__tdesc *t)
+{
+    if (grow((void **)&p->tensors, &p->cap_tensors, p->n_tensors, sizeof *p->tensors))
+        return FERRY_ENOMEM;
+    p->tensors[p->n_tensors++] = *t;
+    return 0;
+}
+
+int ferry__parsed_add_meta(ferry__parsed *p, char *key, const ferry_value *v)
+{
+    if (grow((void **)&p->meta, &p->cap_meta, p->n_meta, sizeof *p->meta))
+        return FERRY_ENOMEM;
+    p->meta[p->n_meta].key = key;
+    p->meta[p->n_meta].val = *v;
+    p->n_meta++;
+    return 0;
+}
+
+void ferry__parsed_free(ferry__parsed *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n_tensors; i++)
+        free(p->tensors[i].name);
+    for (size_t i = 0; i < p->n_meta; i++) {
+        free(p->meta[i].key);
+        ferry__value_free(&p->meta[i].val);
+    }
+    free(p->tensors);
+    free(p->meta);
+    memset(p, 0, sizeof *p);
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const ferry__tdesc *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+int ferry__parsed_check(ferry__parsed *p, const char *path, uint64_t file_size, ferry__err *e)
+{
+    ferry__hmap names = {0};
+    int rc = ferry__hmap_reserve(&names, p->n_tensors);
+    if (rc)
+        return ferry__fail(e, rc, "%s: out of memory indexing %zu tensors", path, p->n_tensors);
+    for (size_t i = 0; i < p->n_tensors; i++) {
+        const ferry__tdesc *t = &p->tensors[i];
+        uint64_t end;
+        if (ferry__add_u64(t->offset, t->nbytes, &end)) {
+            ferry__hmap_free(&names);
+            return ferry__fail(e, FERRY_EOVERFLOW,
+                               "%s: tensor '%s': offset %llu + size %llu overflows", path, t->name,
+                               (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+        }
+        if (t->offset < p->data_offset || end > file_size) {
+            ferry__hmap_free(&names);
+            return ferry__fail(e, FERRY_ERANGE,
+                               "%s: tensor '%s': data [%llu, %llu) lies outside the data section "
+                               "[%llu, %llu)",
+                               path, t->name, (unsigned long long)t->offset,
+                               (unsigned long long)end, (unsigned long long)p->data_offset,
+                               (unsigned long long)file_size);
+        }
+        uint64_t other;
+        rc = ferry__hmap_put(&names, t->name, i, &other);
+        if (rc) {
+            ferry__hmap_free(&names);
+            if (rc == FERRY_EDUP)
+                return ferry__fail(e, FERRY_EDUP, "%s: tensor name '%s' appears twice", path,
+                                   t->name);
+            return ferry__fail(e, rc, "%s: out of memory", path);
+        }
+    }
+    ferry__hmap_free(&names);
+    if (p->n_tensors > 1)
+        qsort(p->tensors, p->n_tensors, sizeof *p->tensors, by_offset);
+    for (size_t i = 1; i < p->n_tensors; i++) {
+        const ferry__tdesc *a = &p->tensors[i - 1], *b = &p->tensors[i];
+        /* Zero-byte tensors occupy nothing and overlap nothing. */
+        if (a->nbytes && b->nbytes && a->offset + a->nbytes > b->offset)
+            return ferry__fail(e, FERRY_EOVERLAP,
+                               "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", path,
+                               a->name, (unsigned long long)a->offset,
+                               (unsigned long long)(a->offset + a->nbytes), b->name,
+                               (unsigned long long)b->offset,
+                               (unsigned long long)(b->offset + b->nbytes));
+    }
+    return 0;
+}
+
+ferry_format ferry__detect(const unsigned char *buf, size_t n)
+{
+    if (n >= 4 && memcmp(buf, "GGUF", 4) == 0)
+        return FERRY_FORMAT_GGUF;
+    /* safetensors: u64 little-endian header length, then a JSON object starting with '{' (after
+     * optional spaces, which writers use for padding only at the end). */
+    if (n >= 9) {
+        uint64_t len = ferry__le64(buf);
+        size_t i = 8;
+        while (i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' || buf[i] == '\r'))
+            i++;
+        if (len >= 2 && i < n && buf[i] == '{')
+            return FERRY_FORMAT_SAFETENSORS;
+    }
+    return FERRY_FORMAT_UNKNOWN;
+}

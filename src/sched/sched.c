@@ -1,0 +1,123 @@
+/*
+ * sched.c — recording the access order of one pass and measuring next-use distances in it
+ * (see sched.h). Belady's choice — evict what is used furthest in the future — is optimal, and with
+ * a cyclic pattern the future is known after one pass.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.h"
+#include "sched/sched.h"
+
+int ferry__sched_init(ferry__sched *s, size_t n_ids, int enabled)
+{
+    memset(s, 0, sizeof *s);
+    s->enabled = enabled;
+    return ferry__sched_resize(s, n_ids);
+}
+
+void ferry__sched_free(ferry__sched *s)
+{
+    free(s->order);
+    free(s->pos);
+    memset(s, 0, sizeof *s);
+}
+
+int ferry__sched_resize(ferry__sched *s, size_t n_ids)
+{
+    if (n_ids <= s->n_ids)
+        return 0;
+    uint32_t *pos = realloc(s->pos, n_ids * sizeof *pos);
+    uint32_t *order = realloc(s->order, n_ids * sizeof *order);
+    if (pos)
+        s->pos = pos;
+    if (order)
+        s->order = order;
+    if (!pos || !order)
+        return FERRY_ENOMEM;
+    for (size_t i = s->n_ids; i < n_ids; i++)
+        s->pos[i] = FERRY__SCHED_NONE;
+    s->n_ids = n_ids;
+    return 0;
+}
+
+void ferry__sched_reset(ferry__sched *s)
+{
+    for (size_t i = 0; i < s->len; i++)
+        s->pos[s->order[i]] = FERRY__SCHED_NONE;
+    s->len = 0;
+    s->complete = 0;
+    s->cursor = 0;
+    s->misses = 0;
+}
+
+int ferry__sched_touch(ferry__sched *s, uint32_t id)
+{
+    if (!s->enabled || id >= s->n_ids)
+        return 0;
+    uint32_t p = s->pos[id];
+    if (!s->complete) {
+        if (p == FERRY__SCHED_NONE) {
+            s->pos[id] = (uint32_t)s->len;
+            s->order[s->len++] = id;
+            return 0;
+        }
+        /* A recorded tensor again: the pass repeats. A schedule needs at least two entries to
+         * say anything about the future. */
+        if (s->len < 2) {
+            ferry__sched_reset(s);
+            s->pos[id] = 0;
+            s->order[s->len++] = id;
+            return 0;
+        }
+        s->complete = 1;
+        s->cursor = p;
+        s->misses = 0;
+        s->passes++;
+        return 1;
+    }
+    if (p == FERRY__SCHED_NONE) {
+        /* A tensor the recorded pass never used: the pattern changed. */
+        ferry__sched_reset(s);
+        s->pos[id] = 0;
+        s->order[s->len++] = id;
+        return 0;
+    }
+    size_t expected = (s->cursor + 1) % s->len;
+    /* A small step back is a set prepared in another order than recorded, not a new pass. */
+    if (p < s->cursor && s->cursor - p <= 8 && s->len > 16)
+        return 0;
+    int wrapped = p < s->cursor;
+    if (p != expected && p != s->cursor) {
+        /* Prepares of one set may come in any order within the set; count only real jumps. */
+        size_t ahead = (p + s->len - s->cursor) % s->len;
+        if (ahead > 8 && ++s->misses > s->len / 4 + 1) {
+            ferry__sched_reset(s);
+            s->pos[id] = 0;
+            s->order[s->len++] = id;
+            return 0;
+        }
+    }
+    s->cursor = p;
+    if (wrapped) {
+        s->passes++;
+        s->misses = 0;
+        return 1;
+    }
+    return 0;
+}
+
+uint64_t ferry__sched_distance(const ferry__sched *s, uint32_t id)
+{
+    if (!s->complete || id >= s->n_ids || s->pos[id] == FERRY__SCHED_NONE)
+        return UINT64_MAX;
+    size_t d = (s->pos[id] + s->len - s->cursor) % s->len;
+    return d ? d : s->len;
+}
+
+uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k)
+{
+    if (!s->complete || k == 0 || k >= s->len)
+        return FERRY__SCHED_NONE;
+    return s->order[(s->cursor + k) % s->len];
+}
