@@ -465,6 +465,94 @@ FERRY_API int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, s
 FERRY_API int ferry_load_group(ferry *f, const char *group);
 
 /* ---------------------------------------------------------------------------------------------
+ * LoRA adapters
+ *
+ * An adapter file (safetensors or GGUF) holds low-rank factors for some base weights, in one of
+ * the common naming schemes: PEFT (`...lora_A.weight` / `...lora_B.weight`, alpha from the
+ * metadata key "lora_alpha" or "alpha" when present), kohya (`lora_unet_...` / `lora_te_...` with
+ * `.lora_down.weight`, `.lora_up.weight`, `.alpha`), GGUF LoRA (`....lora_a` / `....lora_b`,
+ * `adapter.lora.alpha`). Adapter names are mapped to base tensor names (HF llama names to GGUF
+ * names, diffusers unet names, kohya's underscored names); factors that match no base tensor are
+ * reported by ferry_lora_get_info, never dropped silently.
+ *
+ * For a base weight W (rows = its outermost dimension, columns = everything else, so conv kernels
+ * are reshaped to matrices) and factors A (rank x columns) and B (rows x rank), the adapter adds
+ *     scale * (B . A),   scale = multiplier * alpha / rank.
+ * When an adapter gives no alpha, alpha = rank (scale = multiplier), as PEFT does without a config.
+ *
+ * Merge mode (the default): the staged copy of each affected weight gets W + sum of the adapters'
+ * terms, computed in f32 and stored in the staged dtype (f32/f16/bf16 rounded to nearest; q8_0 and
+ * q4_0 dequantized, added, requantized). The home copy and the file are never modified; affected
+ * weights therefore stop being zero-copy and get a staged copy. Every change of the adapter set or
+ * of a multiplier starts a new epoch: staged copies of the old epoch are dropped (at release, if in
+ * use) and re-staged from the pristine home copy at the next prepare — never unmerged by
+ * subtraction.
+ * Runtime mode: weights are staged unmerged and the engine reads the factors with
+ * ferry_lora_factors and applies them itself.
+ * Factors are read once per adapter, converted to f32 and cached (counted against the host budget).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum ferry_lora_mode {
+    FERRY_LORA_MERGE = 0,
+    FERRY_LORA_RUNTIME = 1,
+} ferry_lora_mode;
+
+typedef struct ferry_lora_options {
+    const char *base_prefix;   /* only base tensors whose names start with this (NULL: all) */
+    const char *target_prefix; /* prepended to mapped names: aims the adapter at a copy of the
+                                  weights opened under that prefix (NULL: none) */
+    int required;              /* nonzero: prepare fails when a weight it covers cannot take it;
+                                  zero: such weights are staged without it and counted in
+                                  ferry_lora_info.skipped */
+} ferry_lora_options;
+
+/* Opens the adapter at PATH, maps its factors to the base tensors opened so far, and adds it with
+ * MULTIPLIER (OPT may be NULL: all tensors, no prefix, optional). Starts a new epoch. *ID (may be
+ * NULL) receives its id. Errors: FERRY_ELORA for factors whose shapes do not fit their base tensor
+ * (naming both), rank 0, or a lone A or B; the usual file errors. */
+FERRY_API int ferry_lora_add(ferry *f, const char *path, float multiplier,
+                             const ferry_lora_options *opt, int *id);
+/* Changes an adapter's multiplier (starts a new epoch). */
+FERRY_API int ferry_lora_set_multiplier(ferry *f, int id, float multiplier);
+/* Removes one adapter, or all (starts a new epoch). */
+FERRY_API int ferry_lora_remove(ferry *f, int id);
+FERRY_API int ferry_lora_clear(ferry *f);
+/* Merge (default) or runtime. Changing it starts a new epoch. */
+FERRY_API int ferry_lora_set_mode(ferry *f, ferry_lora_mode mode);
+/* The current epoch: 0 before any adapter, bumped by every change of the set. */
+FERRY_API uint64_t ferry_lora_epoch(const ferry *f);
+
+typedef struct ferry_lora_info {
+    const char *path;
+    const char *scheme;         /* "peft", "kohya", "gguf" */
+    float multiplier;
+    uint32_t n_pairs;           /* A/B pairs in the file */
+    uint32_t n_matched;         /* pairs mapped to a base tensor */
+    uint32_t n_unmatched;       /* pairs that match nothing */
+    const char *unmatched[4];   /* the first unmatched names (NULL-padded) */
+    uint32_t skipped;           /* optional adapter: weights staged without it (dtype cannot take
+                                   a merge) */
+    uint64_t factor_bytes;      /* f32 bytes of its cached factors */
+} ferry_lora_info;
+
+/* Describes adapter ID; strings valid until it is removed. */
+FERRY_API int ferry_lora_get_info(const ferry *f, int id, ferry_lora_info *out);
+
+/* One adapter's factors for a weight, for runtime mode: delta = scale * (B . A), row-major f32. */
+typedef struct ferry_lora_factor {
+    const float *a;             /* rank x cols */
+    const float *b;             /* rows x rank */
+    uint32_t rank;
+    uint64_t rows, cols;
+    float scale;                /* multiplier * alpha / rank */
+    int adapter;                /* its id */
+} ferry_lora_factor;
+
+/* The I-th (0-based) adapter term that applies to T, in adapter order; FERRY_ENOENT past the last.
+ * Pointers valid until the adapter set changes. Works in either mode. */
+FERRY_API int ferry_lora_factors(ferry *f, ferry_tensor *t, size_t i, ferry_lora_factor *out);
+
+/* ---------------------------------------------------------------------------------------------
  * Plans (dry run) and statistics
  * ------------------------------------------------------------------------------------------- */
 

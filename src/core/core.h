@@ -19,6 +19,7 @@
 #include "formats/catalog.h"
 #include "formats/formats.h"
 #include "io/io.h"
+#include "lora/lora.h"
 #include "sched/sched.h"
 #include "util/util.h"
 
@@ -57,8 +58,29 @@ typedef struct ferry__copy {
     int mapped;       /* ptr points into the file mapping (zero-copy or lazy) */
     int locked;       /* mlock'd */
     uint64_t last_use;/* LRU clock */
+    uint64_t epoch;   /* LoRA epoch it was staged in */
+    int merged;       /* LoRA terms were added to it */
     int status;       /* the last job's result when it failed */
 } ferry__copy;
+
+/* One adapter's term on one weight. */
+typedef struct ferry__lora_term {
+    int slot;                 /* index into ferry.adapters */
+    ferry__lora_pair *pair;   /* owned by the adapter */
+} ferry__lora_term;
+
+typedef struct ferry__adapter_slot {
+    ferry__adapter *a;        /* NULL once freed */
+    int id;
+    int removed;              /* out of the set; freed when no job can use it */
+    float multiplier;
+    int required;
+    char *base_prefix, *target_prefix;
+    uint32_t skipped;
+    ferry__mem factors;       /* host budget held by its cached factors */
+    const char *unmatched[4];
+    uint32_t n_unmatched;
+} ferry__adapter_slot;
 
 typedef struct ferry__expect_rec {
     ferry_dtype dtype;
@@ -89,6 +111,13 @@ struct ferry_tensor {
     ferry__copy host;
     ferry__copy comp;
 
+    /* LoRA: the current set's terms on this weight; merge: the staged copy carries them */
+    ferry__lora_term *terms;
+    size_t n_terms;
+    int merge;
+    int stale;                /* comp is from an older epoch but in use: drop at last release */
+    uint64_t skip_epoch;      /* epoch in which its skipped merges were counted */
+
     int refs;                 /* prepares minus releases */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
@@ -118,6 +147,11 @@ typedef struct ferry__job {
     ferry_tensor *t;
     struct ferry__job *next;
     int prefetch;
+    int fill;                 /* FILL_HOST | FILL_COMP */
+    uint64_t epoch;           /* LoRA epoch when queued */
+    ferry__lora_term *terms;  /* snapshot of t->terms with their scales (merge only), owned */
+    float *scales;
+    size_t n_terms;
 } ferry__job;
 
 struct ferry {
@@ -155,6 +189,12 @@ struct ferry {
     unsigned running;         /* jobs being executed */
     int closing;
 
+    ferry__adapter_slot *adapters;
+    size_t n_adapters;
+    int next_adapter_id;
+    ferry_lora_mode lora_mode;
+    uint64_t lora_epoch;
+
     ferry__sched sched;
     uint64_t clock;           /* LRU clock */
     unsigned inflight_prefetch;
@@ -164,6 +204,22 @@ struct ferry {
     /* Counters updated without the lock (atomics), merged into stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
 };
+
+/* 1 when T's staged bytes differ from the file's (converted or merged). */
+static inline int ferry__transformed(const ferry_tensor *t)
+{
+    return t->out_dtype != t->info.dtype || t->merge;
+}
+
+/* lora_glue.c */
+/* Sets t->merge from the adapter set, mode and dtype; FERRY_ELORA when a required adapter cannot
+ * be merged into T. Lock held. */
+int ferry__lora_decide(ferry *f, ferry_tensor *t);
+/* Snapshots T's terms into J (merge mode). Lock held. */
+int ferry__lora_snapshot(ferry *f, ferry_tensor *t, ferry__job *j);
+/* Frees adapters that were removed once no job runs. Lock held. */
+void ferry__lora_sweep(ferry *f);
+void ferry__lora_free_all(ferry *f);
 
 /* policy.c */
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);

@@ -52,6 +52,7 @@ void ferry_destroy(ferry *f)
     ferry__loaders_stop(f);
     if (f->io)
         ferry__io_destroy(f->io);
+    ferry__lora_free_all(f);
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         ferry__drop_copy(f, t, &t->comp);

@@ -39,9 +39,20 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
         p.lazy = t->lazy;
         p.zero_copy = t->zero_copy;
         int host_compute = f->devs[t->compute_dev].d->host_accessible;
-        int converted = t->out_dtype != t->info.dtype;
+        int converted = ferry__transformed(t);
         if (t->lazy) {
             tot.mapped_bytes += t->info.nbytes;
+        } else if (host_compute && t->merge) {
+            p.compute_bytes = ferry__host_alloc_size(t, 1);
+            tot.staged_bytes[FERRY__HOST] += p.compute_bytes;
+            if (p.home == FERRY_HOME_HOST && !t->zero_copy) {
+                p.home_bytes = ferry__host_alloc_size(t, 0);
+                tot.host_bytes += p.home_bytes;
+            } else if (p.home == FERRY_HOME_HOST) {
+                tot.mapped_bytes += t->info.nbytes;
+            } else {
+                tot.disk_bytes += t->info.nbytes;
+            }
         } else if (host_compute) {
             if (p.home == FERRY_HOME_HOST) {
                 if (t->zero_copy) {
@@ -65,7 +76,7 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
                     tot.host_bytes += p.home_bytes;
                 }
                 tot.staged_bytes[t->compute_dev] += p.compute_bytes;
-            } else if (p.home == FERRY_HOME_DEVICE) {
+            } else if (p.home == FERRY_HOME_DEVICE && !t->merge) {
                 p.home_bytes = p.compute_bytes;
                 p.compute_bytes = 0;
                 tot.device_bytes[t->compute_dev] += p.home_bytes;

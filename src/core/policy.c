@@ -75,9 +75,14 @@ int ferry__decide(ferry *f, ferry_tensor *t)
                                ferry_dtype_name(p->compute_dtype));
         t->out_dtype = p->compute_dtype;
     }
-    int converted = t->out_dtype != t->info.dtype;
+    int rc = ferry__lora_decide(f, t);
+    if (rc)
+        return rc;
+    /* zero-copy: the home copy is the mapping. On the host without a transform the engine gets
+     * that pointer; otherwise it is the pristine source the staged copy is made from. */
     ferry_home home = ferry__effective_home(f, t);
-    t->zero_copy = !t->lazy && !converted && home == FERRY_HOME_HOST &&
+    int staged = !f->devs[t->compute_dev].d->host_accessible || t->merge;
+    t->zero_copy = !t->lazy && home == FERRY_HOME_HOST && (staged || !ferry__transformed(t)) &&
                    (p->load == FERRY_LOAD_MMAP || p->load == FERRY_LOAD_AUTO) && t->file->map;
     return 0;
 }

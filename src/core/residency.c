@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 
 #include "core/core.h"
+#include "devices/devices.h"
 #include "dtype/dtype.h"
 
 #define FERRY__XFER_CHUNK (UINT64_C(16) << 20)
@@ -28,8 +29,10 @@
 #define FERRY__PARALLEL_READ (UINT64_C(4) << 20) /* reads this large go to the I/O pool */
 
 typedef struct loader_ctx {
-    unsigned char *stage[2]; /* file bytes, FERRY__IO_ALIGN-aligned, chunk + 2 pages */
-    unsigned char *conv[2];  /* converted bytes bound for a device */
+    unsigned char *stage[2]; /* file bytes, FERRY__IO_ALIGN-aligned, cap + 2 pages */
+    unsigned char *conv[2];  /* transformed bytes bound for a device */
+    float *f32;              /* a chunk as f32, for merges */
+    uint64_t cap;            /* bytes each buffer holds */
     uint64_t ticket[2];
     int pending[2];
 } loader_ctx;
@@ -110,17 +113,28 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 
 /* ---- the transfer pipeline -------------------------------------------------------------------- */
 
-static int ctx_buffers(loader_ctx *lc, int need_conv)
+/* Makes every staging buffer at least BYTES long (growing them only between transfers). */
+static int ctx_buffers(loader_ctx *lc, uint64_t bytes)
 {
+    if (bytes < FERRY__XFER_CHUNK)
+        bytes = FERRY__XFER_CHUNK;
+    if (lc->cap >= bytes)
+        return 0;
     for (int i = 0; i < 2; i++) {
-        if (!lc->stage[i] &&
-            posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN,
-                           FERRY__XFER_CHUNK + 2 * FERRY__IO_ALIGN))
-            return FERRY_ENOMEM;
-        if (need_conv && !lc->conv[i] &&
-            posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, FERRY__XFER_CHUNK))
-            return FERRY_ENOMEM;
+        free(lc->stage[i]);
+        free(lc->conv[i]);
+        lc->stage[i] = lc->conv[i] = NULL;
     }
+    free(lc->f32);
+    lc->f32 = NULL;
+    lc->cap = 0;
+    for (int i = 0; i < 2; i++)
+        if (posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN, bytes + 2 * FERRY__IO_ALIGN) ||
+            posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, bytes))
+            return FERRY_ENOMEM;
+    if (posix_memalign((void **)&lc->f32, FERRY__IO_ALIGN, bytes))
+        return FERRY_ENOMEM;
+    lc->cap = bytes;
     return 0;
 }
 
@@ -130,6 +144,7 @@ static void ctx_free(loader_ctx *lc)
         free(lc->stage[i]);
         free(lc->conv[i]);
     }
+    free(lc->f32);
 }
 
 static int wait_slot(ferry_device *d, loader_ctx *lc, int slot)
@@ -155,18 +170,38 @@ static uint64_t chunk_elems(ferry_dtype in, ferry_dtype out)
     return (units ? units : 1) * unit;
 }
 
+/* Chunking for a merge: whole rows of the LoRA matrix view, at most FERRY__XFER_CHUNK bytes of
+ * input, output and f32 each (at least one row). */
+static uint64_t merge_chunk_elems(const ferry_tensor *t, uint64_t *max_bytes)
+{
+    uint64_t rows, cols, in_row = 0, out_row = 0;
+    ferry__lora_matrix_view(&t->info, &rows, &cols);
+    ferry_dtype_nbytes(t->info.dtype, cols, &in_row);
+    ferry_dtype_nbytes(t->out_dtype, cols, &out_row);
+    uint64_t per_row = FERRY__MAX(FERRY__MAX(in_row, out_row), cols * 4);
+    uint64_t nrows = per_row ? FERRY__XFER_CHUNK / per_row : 1;
+    if (!nrows)
+        nrows = 1;
+    *max_bytes = nrows * per_row;
+    return nrows * cols;
+}
+
 /* Fills DST (a copy of T on device DST->dev whose memory is allocated) from SRC_HOST (the home
- * copy, in the file's dtype) or, when NULL, from the file with MODE. */
-static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned char *src_host,
-                    ferry_load mode, ferry__copy *dst, ferry__err *e)
+ * copy, in the file's dtype) or, when NULL, from the file with MODE; converts to the staged dtype
+ * and adds J's LoRA terms on the way. */
+static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job *j,
+                    const unsigned char *src_host, ferry_load mode, ferry__copy *dst,
+                    ferry__err *e)
 {
     ferry_device *d = f->devs[dst->dev].d;
     int to_host = d->host_accessible;
     ferry_dtype in = t->info.dtype, out = t->out_dtype;
+    int merging = j && j->n_terms > 0;
     int converted = in != out;
     unsigned char *dptr = dst->ptr;
+    char msg[256];
 
-    if (!converted && to_host) {
+    if (!converted && !merging && to_host) {
         if (src_host) {
             memcpy(dptr, src_host, t->info.nbytes);
             add_stat(&f->a_bytes_copied, t->info.nbytes);
@@ -174,10 +209,16 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned ch
         }
         return read_range(f, t, 0, t->info.nbytes, dptr, mode, e);
     }
-    int rc = ctx_buffers(lc, converted && !to_host);
+    uint64_t n = t->info.n_elems, step, need = FERRY__XFER_CHUNK, cols = 1, rows = 1;
+    if (merging) {
+        step = merge_chunk_elems(t, &need);
+        ferry__lora_matrix_view(&t->info, &rows, &cols);
+    } else {
+        step = chunk_elems(in, out);
+    }
+    int rc = ctx_buffers(lc, need);
     if (rc)
         return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
-    uint64_t n = t->info.n_elems, step = chunk_elems(in, out);
     int slot = 0;
     for (uint64_t el = 0; el < n && !rc; el += step, slot ^= 1) {
         uint64_t ce = FERRY__MIN(step, n - el);
@@ -197,10 +238,21 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned ch
                 break;
             src = buf;
         }
-        if (converted) {
+        if (converted || merging) {
             unsigned char *cdst = to_host ? dptr + out_off : lc->conv[slot];
-            if ((rc = ferry_dtype_convert(in, src, out, cdst, ce)) != 0) {
-                ferry__fail(e, rc, "tensor '%s': converting %s to %s failed", t->info.name,
+            if (merging) {
+                rc = ferry__to_f32(in, src, lc->f32, ce);
+                for (size_t k = 0; k < j->n_terms && !rc; k++)
+                    ferry__lora_apply_rows(j->terms[k].pair, j->scales[k], el / cols, ce / cols,
+                                           lc->f32);
+                if (!rc)
+                    rc = ferry__from_f32(out, lc->f32, cdst, ce);
+            } else {
+                rc = ferry_dtype_convert(in, src, out, cdst, ce);
+            }
+            if (rc) {
+                ferry__fail(e, rc, "tensor '%s': %s %s to %s failed", t->info.name,
+                            merging ? "merging adapters into" : "converting",
                             ferry_dtype_name(in), ferry_dtype_name(out));
                 break;
             }
@@ -210,18 +262,19 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned ch
             rc = d->ops->copy_h2d(d, dptr + out_off, src, out_len, &lc->ticket[slot]);
             if (rc) {
                 ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", d->name,
-                            t->info.name, d->errmsg);
+                            t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
                 break;
             }
             lc->pending[slot] = 1;
             add_stat(&f->a_bytes_copied, out_len);
         }
     }
+    (void)rows;
     for (int s = 0; s < 2; s++) {
         int wrc = to_host ? 0 : wait_slot(d, lc, s);
         if (wrc && !rc)
             rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", d->name,
-                             t->info.name, d->errmsg);
+                             t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
 }
@@ -231,10 +284,6 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const unsigned ch
 /* What a queued job fills (decided under the lock when it is queued). */
 enum { FILL_HOST = 1, FILL_COMP = 2 };
 
-struct ferry__jobx {
-    ferry__job base;
-    int fill;
-};
 
 static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                       const ferry_tensor *t)
@@ -246,9 +295,11 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
     ferry_device *d = f->devs[c->dev].d;
     void *p = NULL;
     int rc = d->ops->alloc(d, c->mem.size, &p);
+    char msg[256];
     if (rc)
         return ferry__fail(e, rc, "%s: tensor '%s': cannot allocate %llu bytes: %s", d->name,
-                           t->info.name, (unsigned long long)c->mem.size, d->errmsg);
+                           t->info.name, (unsigned long long)c->mem.size,
+                           ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;
     c->ptr = (unsigned char *)p + head;
     return 0;
@@ -267,8 +318,10 @@ static void lock_copy(ferry *f, ferry_tensor *t, ferry__copy *c, uint64_t len)
     }
 }
 
-static int run_job(ferry *f, loader_ctx *lc, ferry_tensor *t, int fill, ferry__err *e)
+static int run_job(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
 {
+    ferry_tensor *t = j->t;
+    int fill = j->fill;
     const ferry_policy *p = ferry__policy_of(f, t);
     int rc = 0;
     if (fill & FILL_HOST) {
@@ -281,8 +334,7 @@ static int run_job(ferry *f, loader_ctx *lc, ferry_tensor *t, int fill, ferry__e
             return rc;
     }
     if (fill & FILL_COMP) {
-        int converted = t->out_dtype != t->info.dtype;
-        uint64_t head = host_side(f, t->comp.dev) && !converted
+        uint64_t head = host_side(f, t->comp.dev) && !ferry__transformed(t)
                             ? t->info.offset % FERRY__IO_ALIGN : 0;
         rc = alloc_copy(f, &t->comp, head, e, t);
         if (rc)
@@ -290,21 +342,26 @@ static int run_job(ferry *f, loader_ctx *lc, ferry_tensor *t, int fill, ferry__e
         /* The host copy is READY (permanent, or filled just above) or absent. */
         const unsigned char *src = (t->host.state == FERRY__READY || (fill & FILL_HOST))
                                        ? t->host.ptr : NULL;
-        rc = transfer(f, lc, t, src, p->load, &t->comp, e);
+        rc = transfer(f, lc, t, j, src, p->load, &t->comp, e);
         if (!rc && t->comp.permanent)
             lock_copy(f, t, &t->comp, t->out_bytes);
     }
     return rc;
 }
 
-/* Makes mapping-backed copies READY; decides which copies a job must fill. Lock held. */
+/* Makes mapping-backed copies READY; decides which copies a job must fill. Lock held.
+ *
+ * On a host-side compute device an untransformed tensor has one copy, comp, which is its home
+ * (host) or a cached copy (disk). Everywhere else — an accelerator, or a LoRA merge — comp is a
+ * staged copy filled from the home copy (host: the pristine `host` copy or the mapping) or from the
+ * file (disk, device). A merged copy is never permanent: a new epoch re-stages it. */
 static int needs(ferry *f, ferry_tensor *t, int home_only)
 {
     int fill = 0;
     const ferry__iofile *file = t->file;
     unsigned char *mapped = file->map ? (unsigned char *)file->map + t->info.offset : NULL;
     ferry_home home = ferry__effective_home(f, t);
-    int dev = t->compute_dev;
+    int dev = t->compute_dev, hs = host_side(f, dev);
     if (t->lazy) {
         if (t->comp.state == FERRY__EMPTY) {
             t->comp.state = FERRY__READY;
@@ -315,7 +372,7 @@ static int needs(ferry *f, ferry_tensor *t, int home_only)
         }
         return 0;
     }
-    if (host_side(f, dev)) {
+    if (hs && !t->merge) {
         if (t->comp.state != FERRY__EMPTY)
             return 0;
         t->comp.dev = FERRY__HOST;
@@ -347,9 +404,9 @@ static int needs(ferry *f, ferry_tensor *t, int home_only)
         }
     }
     if (t->comp.state == FERRY__EMPTY) {
-        t->comp.dev = dev;
-        t->comp.permanent = home == FERRY_HOME_DEVICE;
-        if (home == FERRY_HOME_DEVICE || !home_only)
+        t->comp.dev = hs ? FERRY__HOST : dev;
+        t->comp.permanent = home == FERRY_HOME_DEVICE && !t->merge;
+        if (!home_only || t->comp.permanent)
             fill |= FILL_COMP;
     }
     return fill;
@@ -363,11 +420,16 @@ static ferry__job *job_new(ferry *f)
         memset(j, 0, sizeof *j);
         return j;
     }
-    return calloc(1, sizeof(struct ferry__jobx));
+    return calloc(1, sizeof(ferry__job));
 }
 
 static void job_recycle(ferry *f, ferry__job *j)
 {
+    free(j->terms);
+    free(j->scales);
+    j->terms = NULL;
+    j->scales = NULL;
+    j->n_terms = 0;
     j->next = f->free_jobs;
     f->free_jobs = j;
 }
@@ -388,11 +450,15 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), 0, &hm);
     if (!rc && (fill & FILL_COMP)) {
         int dev = t->comp.dev;
-        uint64_t size = host_side(f, dev) ? ferry__host_alloc_size(t, t->out_dtype != t->info.dtype)
+        uint64_t size = host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
                                           : ferry__dev_alloc_size(t);
         rc = ferry__reserve(f, dev, size, min_dist, &cm);
     }
     ferry__job *j = rc ? NULL : job_new(f);
+    if (j && (fill & FILL_COMP) && t->merge && ferry__lora_snapshot(f, t, j)) {
+        job_recycle(f, j);
+        j = NULL;
+    }
     if (rc || !j) {
         if (!rc)
             rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory queuing a load");
@@ -416,9 +482,10 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     }
     t->load_gen++;
     t->used = 1;
+    j->epoch = f->lora_epoch;
     j->t = t;
     j->prefetch = prefetch;
-    ((struct ferry__jobx *)j)->fill = fill;
+    j->fill = fill;
     j->next = NULL;
     if (f->queue_tail)
         f->queue_tail->next = j;
@@ -490,6 +557,16 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         if (fill & FILL_COMP) {
             t->comp.state = FERRY__READY;
             t->comp.last_use = ++f->clock;
+            t->comp.epoch = j->epoch;
+            t->comp.merged = j->n_terms > 0;
+            /* The adapter set changed while this ran: the copy is of the old epoch. */
+            if (j->epoch != f->lora_epoch && (t->comp.merged || t->merge || t->n_terms))
+                t->stale = 1;
+        }
+        if (t->stale && !t->refs && t->comp.state == FERRY__READY) {
+            ferry__drop_copy(f, t, &t->comp);
+            t->stale = 0;
+            t->bound = 0;
         }
     }
     if (j->prefetch)
@@ -511,7 +588,7 @@ static void *loader_main(void *arg)
         f->queue_head = j->next;
         if (!f->queue_head)
             f->queue_tail = NULL;
-        int fill = ((struct ferry__jobx *)j)->fill;
+        int fill = j->fill;
         int rc;
         if (f->closing || !e) {
             rc = FERRY_ECANCELED;
@@ -521,7 +598,7 @@ static void *loader_main(void *arg)
             f->running++;
             pthread_mutex_unlock(&f->lock);
             ferry__err_clear(e);
-            rc = run_job(f, &lc, j->t, fill, e);
+            rc = run_job(f, &lc, j, e);
             pthread_mutex_lock(&f->lock);
             f->running--;
         }
@@ -529,6 +606,8 @@ static void *loader_main(void *arg)
         finish_job(f, j, fill, rc, e ? e : &fallback);
         int was_prefetch = j->prefetch;
         job_recycle(f, j);
+        if (!f->running && f->n_adapters)
+            ferry__lora_sweep(f);
         pthread_cond_broadcast(&f->cond);
         if (was_prefetch && !rc)
             prefetch_ahead(f);
@@ -688,10 +767,19 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     return rc;
 }
 
-/* After the last release of a home-disk copy with no host budget: nothing is kept. */
+/* After the last release: a copy of an old LoRA epoch goes (re-staged at the next prepare), and
+ * so does a home-disk copy when no host budget allows keeping it. */
 static void drop_if_unkept(ferry *f, ferry_tensor *t)
 {
-    if (t->refs || t->comp.state != FERRY__READY || t->comp.permanent || t->comp.mapped)
+    if (t->refs || t->comp.state != FERRY__READY)
+        return;
+    if (t->stale) {
+        ferry__drop_copy(f, t, &t->comp);
+        t->stale = 0;
+        t->bound = 0; /* the next use decides again (merge or not, zero-copy or not) */
+        return;
+    }
+    if (t->comp.permanent || t->comp.mapped)
         return;
     if (t->comp.dev == FERRY__HOST && !f->devs[FERRY__HOST].budget)
         ferry__drop_copy(f, t, &t->comp);

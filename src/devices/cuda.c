@@ -1,0 +1,427 @@
+/*
+ * cuda.c — the "cuda:N" device: the CUDA runtime (libcudart) loaded with dlopen at run time, so
+ * that one ferry binary runs with or without CUDA and needs no CUDA headers or libraries to build.
+ * Without the library or a GPU, opening fails with FERRY_EDEVICE and says which is missing.
+ *
+ * Each device has one non-blocking copy stream. A copy is cudaMemcpyAsync on that stream followed
+ * by an event recorded after it; its ticket maps to that event, and wait synchronizes the event.
+ * Events come from a per-device pool. Copies are issued under the device lock, so tickets grow in
+ * stream order. The runtime's "current device" is per thread: every operation sets it first.
+ *
+ * The few declarations below restate the runtime's documented C ABI (cudaError_t is an int enum,
+ * streams and events are opaque pointers).
+ */
+#include "devices/devices.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int cuda_err;               /* cudaError_t; 0 is cudaSuccess */
+#define CUDA_ERR_MEMORY_ALLOCATION 2 /* cudaErrorMemoryAllocation */
+#define CUDA_MEMCPY_H2D 1            /* cudaMemcpyHostToDevice */
+#define CUDA_MEMCPY_D2H 2            /* cudaMemcpyDeviceToHost */
+#define CUDA_STREAM_NON_BLOCKING 1u  /* cudaStreamNonBlocking */
+#define CUDA_EVENT_DISABLE_TIMING 2u /* cudaEventDisableTiming */
+#define CUDA_HOST_ALLOC_PORTABLE 1u  /* cudaHostAllocPortable */
+#define CUDA_ALIGN 256               /* cudaMalloc returns at least 256-byte aligned memory */
+
+typedef struct cudart {
+    cuda_err (*GetDeviceCount)(int *);
+    cuda_err (*SetDevice)(int);
+    cuda_err (*Malloc)(void **, size_t);
+    cuda_err (*Free)(void *);
+    cuda_err (*MemcpyAsync)(void *, const void *, size_t, int, void *);
+    cuda_err (*StreamCreateWithFlags)(void **, unsigned);
+    cuda_err (*StreamDestroy)(void *);
+    cuda_err (*StreamSynchronize)(void *);
+    cuda_err (*EventCreateWithFlags)(void **, unsigned);
+    cuda_err (*EventRecord)(void *, void *);
+    cuda_err (*EventSynchronize)(void *);
+    cuda_err (*EventQuery)(void *);
+    cuda_err (*EventDestroy)(void *);
+    cuda_err (*MemGetInfo)(size_t *, size_t *);
+    cuda_err (*HostAlloc)(void **, size_t, unsigned);
+    cuda_err (*FreeHost)(void *);
+    const char *(*GetErrorString)(cuda_err);
+    cuda_err (*GetLastError)(void);
+} cudart;
+
+/* Loaded once per process and never unloaded (the runtime does not survive dlclose well). */
+static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
+static cudart rt;
+static int rt_ok;
+static char rt_why[200];
+
+static const char *const lib_names[] = {"libcudart.so",    "libcudart.so.13", "libcudart.so.12",
+                                        "libcudart.so.11.0", "libcudart.so.11"};
+
+static int load_sym(void *lib, const char *name, void *fp, size_t size)
+{
+    void *sym = dlsym(lib, name);
+    if (!sym) {
+        snprintf(rt_why, sizeof rt_why, "%s lacks %s", "libcudart", name);
+        return -1;
+    }
+    memcpy(fp, &sym, size); /* object -> function pointer, as POSIX dlsym intends */
+    return 0;
+}
+
+static void rt_load(void)
+{
+    void *lib = NULL;
+    const char *env = getenv("FERRY_CUDART");
+    if (env && *env)
+        lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; !lib && i < FERRY__ARRAY_LEN(lib_names); i++)
+        lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(rt_why, sizeof rt_why,
+                 "libcudart.so not found (tried %s%slibcudart.so, .so.13, .so.12, .so.11; set "
+                 "FERRY_CUDART to its path)",
+                 env && *env ? env : "", env && *env ? ", " : "");
+        return;
+    }
+#define LOAD(f) \
+    if (load_sym(lib, "cuda" #f, &rt.f, sizeof rt.f)) \
+        return;
+    LOAD(GetDeviceCount)
+    LOAD(SetDevice)
+    LOAD(Malloc)
+    LOAD(Free)
+    LOAD(MemcpyAsync)
+    LOAD(StreamCreateWithFlags)
+    LOAD(StreamDestroy)
+    LOAD(StreamSynchronize)
+    LOAD(EventCreateWithFlags)
+    LOAD(EventRecord)
+    LOAD(EventSynchronize)
+    LOAD(EventQuery)
+    LOAD(EventDestroy)
+    LOAD(MemGetInfo)
+    LOAD(HostAlloc)
+    LOAD(FreeHost)
+    LOAD(GetErrorString)
+    LOAD(GetLastError)
+#undef LOAD
+    rt_ok = 1;
+}
+
+static const char *cuda_str(cuda_err e)
+{
+    const char *s = rt.GetErrorString ? rt.GetErrorString(e) : NULL;
+    return s ? s : "unknown CUDA error";
+}
+
+typedef struct cuda_pending {
+    uint64_t ticket;
+    void *event;
+} cuda_pending;
+
+typedef struct cuda_device {
+    ferry_device base; /* first: a cuda_device * is a ferry_device * */
+    int ordinal;
+    void *stream;
+    pthread_mutex_t lock;
+    /* --- guarded by lock --- */
+    uint64_t last_ticket;
+    cuda_pending *pending; /* copies issued and not yet waited on */
+    size_t npending, cap_pending;
+    void **events; /* idle events, ready to record */
+    size_t nevents, cap_events;
+} cuda_device;
+
+static cuda_err set_dev(cuda_device *c)
+{
+    return rt.SetDevice(c->ordinal);
+}
+
+static void cuda_destroy(ferry_device *d)
+{
+    cuda_device *c = (cuda_device *)d;
+    set_dev(c);
+    rt.StreamSynchronize(c->stream);
+    for (size_t i = 0; i < c->npending; i++)
+        rt.EventDestroy(c->pending[i].event);
+    for (size_t i = 0; i < c->nevents; i++)
+        rt.EventDestroy(c->events[i]);
+    rt.StreamDestroy(c->stream);
+    free(c->pending);
+    free(c->events);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static int cuda_alloc(ferry_device *d, uint64_t size, void **ptr)
+{
+    cuda_device *c = (cuda_device *)d;
+    *ptr = NULL;
+    if (size > d->max_alloc)
+        return ferry__device_fail(d, FERRY_ENOMEM,
+                                  "%s: allocation of %" PRIu64 " bytes exceeds max_alloc %" PRIu64,
+                                  d->name, size, d->max_alloc);
+    cuda_err e = set_dev(c);
+    void *p = NULL;
+    if (!e)
+        e = rt.Malloc(&p, (size_t)(size ? size : 1));
+    if (e) {
+        rt.GetLastError(); /* clear it, so later calls do not report it */
+        char a[32];
+        return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
+                                  "%s: cudaMalloc of %s failed: %s", d->name,
+                                  ferry__fmt_size(size, a), cuda_str(e));
+    }
+    *ptr = p;
+    return 0;
+}
+
+static void cuda_free(ferry_device *d, void *ptr)
+{
+    cuda_device *c = (cuda_device *)d;
+    if (!ptr)
+        return;
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.Free(ptr);
+    if (e)
+        ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaFree(%p) failed: %s", d->name, ptr,
+                           cuda_str(e));
+}
+
+static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint64_t n,
+                     uint64_t *ticket)
+{
+    cuda_device *c = (cuda_device *)d;
+    const char *what = kind == CUDA_MEMCPY_H2D ? "copy_h2d" : "copy_d2h";
+    if (n && (!dst || !src))
+        return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes with a NULL pointer",
+                                  d->name, what, n);
+    cuda_err e = set_dev(c);
+    if (e)
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaSetDevice: %s", d->name, cuda_str(e));
+
+    pthread_mutex_lock(&c->lock);
+    /* Room first: after the copy is issued nothing may fail. */
+    if (c->npending == c->cap_pending) {
+        size_t cap = c->cap_pending ? c->cap_pending * 2 : 32;
+        cuda_pending *np = realloc(c->pending, cap * sizeof *np);
+        if (!np) {
+            pthread_mutex_unlock(&c->lock);
+            return ferry__device_fail(d, FERRY_ENOMEM, "%s: %s: out of memory", d->name, what);
+        }
+        c->pending = np;
+        c->cap_pending = cap;
+    }
+    void *ev = NULL;
+    if (c->nevents)
+        ev = c->events[--c->nevents];
+    else
+        e = rt.EventCreateWithFlags(&ev, CUDA_EVENT_DISABLE_TIMING);
+    const char *call = "cudaEventCreateWithFlags";
+    if (!e) {
+        call = "cudaMemcpyAsync";
+        e = rt.MemcpyAsync(dst, src, (size_t)n, kind, c->stream);
+    }
+    if (!e) {
+        call = "cudaEventRecord";
+        e = rt.EventRecord(ev, c->stream);
+    }
+    if (e) {
+        rt.GetLastError();
+        if (ev)
+            rt.EventDestroy(ev);
+        pthread_mutex_unlock(&c->lock);
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: %s of %" PRIu64 " bytes: %s failed: %s",
+                                  d->name, what, n, call, cuda_str(e));
+    }
+    uint64_t t = ++c->last_ticket;
+    c->pending[c->npending++] = (cuda_pending){t, ev};
+    pthread_mutex_unlock(&c->lock);
+    *ticket = t;
+    return 0;
+}
+
+static int cuda_copy_h2d(ferry_device *d, void *dst, const void *src, uint64_t n, uint64_t *ticket)
+{
+    return cuda_copy(d, CUDA_MEMCPY_H2D, dst, src, n, ticket);
+}
+
+static int cuda_copy_d2h(ferry_device *d, void *dst, const void *src, uint64_t n, uint64_t *ticket)
+{
+    return cuda_copy(d, CUDA_MEMCPY_D2H, dst, src, n, ticket);
+}
+
+static int cuda_wait(ferry_device *d, uint64_t ticket)
+{
+    cuda_device *c = (cuda_device *)d;
+    pthread_mutex_lock(&c->lock);
+    void *ev = NULL;
+    for (size_t i = 0; i < c->npending; i++) {
+        if (c->pending[i].ticket == ticket) {
+            ev = c->pending[i].event;
+            c->pending[i] = c->pending[--c->npending];
+            break;
+        }
+    }
+    uint64_t last = c->last_ticket;
+    pthread_mutex_unlock(&c->lock);
+    if (!ev)
+        return ferry__device_fail(d, FERRY_EINVAL,
+                                  "%s: wait on ticket %" PRIu64 ", which is not in flight "
+                                  "(never issued or already waited on; last %" PRIu64 ")",
+                                  d->name, ticket, last);
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.EventSynchronize(ev);
+    pthread_mutex_lock(&c->lock);
+    int pooled = 0;
+    if (!e && c->nevents < c->cap_events) {
+        c->events[c->nevents++] = ev;
+        pooled = 1;
+    } else if (!e) {
+        size_t cap = c->cap_events ? c->cap_events * 2 : 32;
+        void **ne = realloc(c->events, cap * sizeof *ne);
+        if (ne) {
+            c->events = ne;
+            c->cap_events = cap;
+            c->events[c->nevents++] = ev;
+            pooled = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!pooled)
+        rt.EventDestroy(ev);
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: copy ticket %" PRIu64 " failed: %s",
+                                  d->name, ticket, cuda_str(e));
+    }
+    return 0;
+}
+
+static int cuda_synchronize(ferry_device *d)
+{
+    cuda_device *c = (cuda_device *)d;
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.StreamSynchronize(c->stream);
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaStreamSynchronize failed: %s",
+                                  d->name, cuda_str(e));
+    }
+    return 0;
+}
+
+static int cuda_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    cuda_device *c = (cuda_device *)d;
+    size_t fr = 0, tot = 0;
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.MemGetInfo(&fr, &tot);
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaMemGetInfo failed: %s", d->name,
+                                  cuda_str(e));
+    }
+    if (free_bytes)
+        *free_bytes = fr;
+    if (total_bytes)
+        *total_bytes = tot;
+    return 0;
+}
+
+static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
+{
+    cuda_device *c = (cuda_device *)d;
+    *ptr = NULL;
+    if (size > SIZE_MAX)
+        return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation of %" PRIu64
+                                  " bytes is too large", d->name, size);
+    cuda_err e = set_dev(c);
+    void *p = NULL;
+    if (!e)
+        e = rt.HostAlloc(&p, (size_t)(size ? size : 1), CUDA_HOST_ALLOC_PORTABLE);
+    if (e) {
+        rt.GetLastError();
+        char a[32];
+        return ferry__device_fail(d, FERRY_ENOMEM, "%s: cudaHostAlloc of %s failed: %s", d->name,
+                                  ferry__fmt_size(size, a), cuda_str(e));
+    }
+    *ptr = p;
+    return 0;
+}
+
+static void cuda_host_free(ferry_device *d, void *ptr)
+{
+    if (ptr && rt.FreeHost(ptr))
+        rt.GetLastError();
+    (void)d;
+}
+
+static const ferry_device_ops cuda_ops = {
+    .version = FERRY_DEVICE_OPS_VERSION,
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy_h2d = cuda_copy_h2d,
+    .copy_d2h = cuda_copy_d2h,
+    .wait = cuda_wait,
+    .synchronize = cuda_synchronize,
+    .mem_info = cuda_mem_info,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .read_sync = NULL, /* the core's copy_d2h + wait */
+};
+
+int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *err, size_t errlen)
+{
+#define FAIL(code, ...) \
+    do { \
+        if (err && errlen) \
+            snprintf(err, errlen, __VA_ARGS__); \
+        return code; \
+    } while (0)
+    pthread_once(&rt_once, rt_load);
+    if (!rt_ok)
+        FAIL(FERRY_EDEVICE, "%s unavailable: %s", spec, rt_why);
+    int count = 0;
+    cuda_err e = rt.GetDeviceCount(&count);
+    if (e) {
+        rt.GetLastError();
+        FAIL(FERRY_EDEVICE, "%s unavailable: no CUDA device (cudaGetDeviceCount: %s)", spec,
+             cuda_str(e));
+    }
+    if (count <= 0)
+        FAIL(FERRY_EDEVICE, "%s unavailable: no CUDA device", spec);
+    if (ordinal >= count)
+        FAIL(FERRY_EDEVICE, "%s unavailable: there %s only %d CUDA device%s", spec,
+             count == 1 ? "is" : "are", count, count == 1 ? "" : "s");
+    e = rt.SetDevice(ordinal);
+    size_t fr = 0, tot = 0;
+    if (!e)
+        e = rt.MemGetInfo(&fr, &tot);
+    if (e) {
+        rt.GetLastError();
+        FAIL(FERRY_EDEVICE, "%s unavailable: %s", spec, cuda_str(e));
+    }
+    cuda_device *c = calloc(1, sizeof *c);
+    if (!c)
+        FAIL(FERRY_ENOMEM, "%s: out of memory", spec);
+    c->ordinal = ordinal;
+    e = rt.StreamCreateWithFlags(&c->stream, CUDA_STREAM_NON_BLOCKING);
+    if (e) {
+        rt.GetLastError();
+        free(c);
+        FAIL(FERRY_EDEVICE, "%s unavailable: cudaStreamCreateWithFlags: %s", spec, cuda_str(e));
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    ferry__device_init(&c->base, &cuda_ops, spec, "cuda", CUDA_ALIGN, (uint64_t)tot, 0);
+    *out = &c->base;
+    return 0;
+#undef FAIL
+}

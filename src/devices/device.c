@@ -1,0 +1,314 @@
+/*
+ * device.c — opening devices from their spec strings, and the helpers every device shares.
+ *
+ * A spec is "cpu", "sim[:CAPACITY[@RATE]][,key=value...]" or "cuda[:N]". The spec is parsed
+ * completely here, so a mistake is refused with FERRY_EINVAL and a message that quotes the bad
+ * part ("sim:8XB: bad capacity '8XB'") before any device is built. The constructors live in
+ * cpu.c, sim.c and cuda.c.
+ */
+#include "devices/devices.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Guards every device's errmsg: writers (failing operations on any thread) and
+ * ferry__device_errmsg readers. Failures are rare, so one lock for all devices is enough. */
+static pthread_mutex_t errmsg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int ferry__device_fail(ferry_device *d, int code, const char *fmt, ...)
+{
+    if (!d)
+        return code;
+    char buf[sizeof d->errmsg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&errmsg_lock);
+    memcpy(d->errmsg, buf, sizeof buf);
+    pthread_mutex_unlock(&errmsg_lock);
+    return code;
+}
+
+char *ferry__device_errmsg(const ferry_device *d, char *buf, size_t len)
+{
+    if (!buf || !len)
+        return buf;
+    buf[0] = 0;
+    if (!d)
+        return buf;
+    pthread_mutex_lock(&errmsg_lock);
+    snprintf(buf, len, "%s", d->errmsg);
+    pthread_mutex_unlock(&errmsg_lock);
+    return buf;
+}
+
+void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char *spec,
+                        const char *kind, uint64_t alignment, uint64_t max_alloc,
+                        int host_accessible)
+{
+    d->ops = ops;
+    /* The name is for people; a long spec is cut, never refused for its length. */
+    snprintf(d->name, sizeof d->name, "%s", spec);
+    snprintf(d->kind, sizeof d->kind, "%s", kind);
+    d->alignment = alignment;
+    d->max_alloc = max_alloc;
+    d->host_accessible = host_accessible;
+    d->errmsg[0] = 0;
+}
+
+/* ---- spec parsing ------------------------------------------------------------------------------ */
+
+static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* A plain decimal count: digits only, no sign, fits uint64_t. */
+static int parse_count(const char *s, uint64_t *out)
+{
+    if (!isdigit((unsigned char)*s))
+        return FERRY_EINVAL;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (!isdigit((unsigned char)*s))
+            return FERRY_EINVAL;
+        if (ferry__mul_u64(v, 10, &v) || ferry__add_u64(v, (uint64_t)(*s - '0'), &v))
+            return FERRY_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+/* "N" or "N/every". */
+static int parse_fault(const char *s, uint64_t *n, int *every)
+{
+    char buf[64];
+    const char *slash = strchr(s, '/');
+    size_t len = slash ? (size_t)(slash - s) : strlen(s);
+    if (len == 0 || len >= sizeof buf)
+        return FERRY_EINVAL;
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    if (parse_count(buf, n))
+        return FERRY_EINVAL;
+    *every = 0;
+    if (slash) {
+        if (strcmp(slash + 1, "every") != 0)
+            return FERRY_EINVAL;
+        *every = 1;
+    }
+    return 0;
+}
+
+static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg, char *err,
+                     size_t errlen)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->capacity = FERRY__SIM_DEFAULT_CAPACITY;
+    cfg->alignment = FERRY__SIM_DEFAULT_ALIGN;
+    cfg->poison = 1;
+    int max_alloc_set = 0;
+
+    /* Work on a copy split at ',' (options) and '@' (rate). */
+    size_t len = strlen(rest);
+    char *buf = malloc(len + 1);
+    if (!buf)
+        return seterr(err, errlen, FERRY_ENOMEM, "%s: out of memory", spec);
+    memcpy(buf, rest, len + 1);
+    int rc = 0;
+    char *opts = strchr(buf, ',');
+    if (opts)
+        *opts++ = 0;
+    char *head = buf; /* "" or ":CAP" or ":CAP@RATE" or "@RATE" */
+    char *at = strchr(head, '@');
+    if (at)
+        *at++ = 0;
+    if (*head) {
+        if (*head != ':') {
+            rc = seterr(err, errlen, FERRY_EINVAL,
+                        "%s: unknown device (expected cpu, sim[:CAPACITY[@RATE]][,OPTION...] or "
+                        "cuda:N)", spec);
+            goto out;
+        }
+        head++;
+        if (!*head) {
+            rc = seterr(err, errlen, FERRY_EINVAL, "%s: missing capacity after ':'", spec);
+            goto out;
+        }
+        if (ferry__parse_size(head, &cfg->capacity)) {
+            rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad capacity '%s'", spec, head);
+            goto out;
+        }
+        if (cfg->capacity == 0) {
+            rc = seterr(err, errlen, FERRY_EINVAL, "%s: capacity must be more than 0", spec);
+            goto out;
+        }
+    }
+    if (at) {
+        if (ferry__parse_rate(at, &cfg->rate) || cfg->rate == 0) {
+            rc = seterr(err, errlen, FERRY_EINVAL,
+                        "%s: bad bandwidth '%s' (expected e.g. 25GB/s or 800MiB/s)", spec, at);
+            goto out;
+        }
+    }
+    while (opts) {
+        char *next = strchr(opts, ',');
+        if (next)
+            *next++ = 0;
+        char *eq = strchr(opts, '=');
+        if (!eq || eq == opts) {
+            rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad option '%s' (expected key=value)",
+                        spec, opts);
+            goto out;
+        }
+        *eq = 0;
+        const char *key = opts, *val = eq + 1;
+        if (strcmp(key, "fail_alloc") == 0) {
+            if (parse_fault(val, &cfg->fail_alloc, &cfg->fail_alloc_every)) {
+                rc = seterr(err, errlen, FERRY_EINVAL,
+                            "%s: bad fail_alloc '%s' (expected N or N/every)", spec, val);
+                goto out;
+            }
+        } else if (strcmp(key, "fail_copy") == 0) {
+            if (parse_fault(val, &cfg->fail_copy, &cfg->fail_copy_every)) {
+                rc = seterr(err, errlen, FERRY_EINVAL,
+                            "%s: bad fail_copy '%s' (expected N or N/every)", spec, val);
+                goto out;
+            }
+        } else if (strcmp(key, "max_alloc") == 0) {
+            if (ferry__parse_size(val, &cfg->max_alloc) || cfg->max_alloc == 0) {
+                rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad max_alloc '%s'", spec, val);
+                goto out;
+            }
+            max_alloc_set = 1;
+        } else if (strcmp(key, "align") == 0) {
+            uint64_t a;
+            if (ferry__parse_size(val, &a) || a == 0 || (a & (a - 1)) || a > (UINT64_C(1) << 21)) {
+                rc = seterr(err, errlen, FERRY_EINVAL,
+                            "%s: bad align '%s' (expected a power of two from 1 to 2MiB)", spec,
+                            val);
+                goto out;
+            }
+            cfg->alignment = a;
+        } else if (strcmp(key, "poison") == 0) {
+            if (strcmp(val, "0") && strcmp(val, "1")) {
+                rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad poison '%s' (expected 0 or 1)",
+                            spec, val);
+                goto out;
+            }
+            cfg->poison = val[0] == '1';
+        } else {
+            rc = seterr(err, errlen, FERRY_EINVAL,
+                        "%s: unknown option '%s' (known: fail_alloc, fail_copy, max_alloc, align, "
+                        "poison)", spec, key);
+            goto out;
+        }
+        opts = next;
+    }
+    if (!max_alloc_set) {
+        cfg->max_alloc = cfg->capacity;
+    } else if (cfg->max_alloc > cfg->capacity) {
+        char a[32], b[32];
+        rc = seterr(err, errlen, FERRY_EINVAL, "%s: max_alloc %s exceeds the capacity %s", spec,
+                    ferry__fmt_size(cfg->max_alloc, a), ferry__fmt_size(cfg->capacity, b));
+        goto out;
+    }
+out:
+    free(buf);
+    return rc;
+}
+
+FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errmsg, size_t errlen)
+{
+    if (errmsg && errlen)
+        errmsg[0] = 0;
+    if (!out)
+        return seterr(errmsg, errlen, FERRY_EINVAL, "ferry_device_open: OUT is NULL");
+    *out = NULL;
+    if (!spec || !*spec)
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "empty device spec (expected cpu, sim[:CAPACITY[@RATE]] or cuda:N)");
+
+    if (strcmp(spec, "cpu") == 0)
+        return ferry__cpu_open(spec, out, errmsg, errlen);
+
+    if (strncmp(spec, "sim", 3) == 0 && strchr(":@,", spec[3])) {
+        ferry__sim_config cfg;
+        int rc = parse_sim(spec, spec + 3, &cfg, errmsg, errlen);
+        if (rc)
+            return rc;
+        return ferry__sim_open(spec, &cfg, out, errmsg, errlen);
+    }
+
+    if (strncmp(spec, "cuda", 4) == 0 && (spec[4] == 0 || spec[4] == ':')) {
+        uint64_t n = 0;
+        if (spec[4] == ':' && (parse_count(spec + 5, &n) || n > 1024))
+            return seterr(errmsg, errlen, FERRY_EINVAL,
+                          "%s: bad CUDA device number '%s' (expected cuda:N, N >= 0)", spec,
+                          spec + 5);
+        return ferry__cuda_open(spec, (int)n, out, errmsg, errlen);
+    }
+
+    return seterr(errmsg, errlen, FERRY_EINVAL,
+                  "%s: unknown device (expected cpu, sim[:CAPACITY[@RATE]][,OPTION...] or cuda:N)",
+                  spec);
+}
+
+FERRY_API void ferry_device_close(ferry_device *d)
+{
+    if (d)
+        d->ops->destroy(d);
+}
+
+/* ---- operations with fallbacks ----------------------------------------------------------------- */
+
+int ferry__device_read(ferry_device *d, void *dst, const void *src, uint64_t n)
+{
+    if (d->ops->read_sync)
+        return d->ops->read_sync(d, dst, src, n);
+    uint64_t t;
+    int rc = d->ops->copy_d2h(d, dst, src, n, &t);
+    return rc ? rc : d->ops->wait(d, t);
+}
+
+int ferry__device_write(ferry_device *d, void *dst, const void *src, uint64_t n)
+{
+    uint64_t t;
+    int rc = d->ops->copy_h2d(d, dst, src, n, &t);
+    return rc ? rc : d->ops->wait(d, t);
+}
+
+int ferry__device_host_alloc(ferry_device *d, uint64_t size, void **ptr)
+{
+    if (d->ops->host_alloc)
+        return d->ops->host_alloc(d, size, ptr);
+    *ptr = ferry__host_aligned_alloc(size, 4096);
+    if (!*ptr) {
+        char b[32];
+        return ferry__device_fail(d, FERRY_ENOMEM, "%s: cannot allocate %s of host memory",
+                                  d->name, ferry__fmt_size(size, b));
+    }
+    return 0;
+}
+
+void ferry__device_host_free(ferry_device *d, void *ptr)
+{
+    if (d->ops->host_free)
+        d->ops->host_free(d, ptr);
+    else
+        ferry__host_free(ptr);
+}

@@ -1,0 +1,125 @@
+/*
+ * devices.h — internal interface of the device layer (src/devices/): the constructors behind
+ * ferry_device_open, helpers the core uses on any device (falling back where an operation is NULL),
+ * and the sim device's test hooks (fault injection, pacing, counters).
+ *
+ * Conventions beyond include/ferry_device.h that every in-tree device keeps:
+ *  - alloc(size 0) succeeds with a unique, valid, aligned pointer (accounted as one byte, rounded
+ *    up to the alignment on sim) so that empty tensors need no special case;
+ *  - tickets start at 1 and grow by one per copy (0 is never a ticket); wait on a ticket that was
+ *    never issued is FERRY_EINVAL;
+ *  - synchronize returns 0 once every copy queued before the call is done; the status of each copy
+ *    is still returned by its own wait;
+ *  - d->errmsg is written under a process-wide lock (ferry__device_fail); read it with
+ *    ferry__device_errmsg, which copies it under the same lock, when other threads may be failing
+ *    operations on the same device concurrently.
+ */
+#ifndef FERRY_DEVICES_H
+#define FERRY_DEVICES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry_device.h"
+#include "util/util.h"
+
+/* ---- shared by the implementations ----------------------------------------------------------- */
+
+/* Sets D's errmsg (under the errmsg lock) to the printf-formatted message; returns CODE. */
+int ferry__device_fail(ferry_device *d, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Copies D's errmsg into BUF (LEN bytes, NUL-terminated) under the errmsg lock; returns BUF. */
+char *ferry__device_errmsg(const ferry_device *d, char *buf, size_t len);
+/* Fills the common fields of a freshly allocated device. */
+void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char *spec,
+                        const char *kind, uint64_t alignment, uint64_t max_alloc,
+                        int host_accessible);
+
+/* Constructors, called by ferry_device_open with the spec already split. On failure they return a
+ * FERRY_E code and write the reason into ERR (ERRLEN bytes). */
+int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errlen);
+
+/* The sim device's configuration, parsed from "sim[:CAPACITY[@RATE]][,key=value...]". */
+typedef struct ferry__sim_config {
+    uint64_t capacity;      /* bytes; > 0 */
+    uint64_t rate;          /* bytes per second; 0: unpaced */
+    uint64_t max_alloc;     /* largest single allocation; <= capacity */
+    uint64_t alignment;     /* power of two */
+    uint64_t fail_alloc;    /* the N-th allocation call fails (1-based); 0: never */
+    int fail_alloc_every;   /* and then every N-th after it */
+    uint64_t fail_copy;     /* the N-th copy completes with FERRY_EDEVICE; 0: never */
+    int fail_copy_every;
+    int poison;             /* fill fresh allocations with FERRY__SIM_POISON */
+} ferry__sim_config;
+
+#define FERRY__SIM_DEFAULT_CAPACITY (UINT64_C(1) << 30) /* "sim" alone: 1 GiB */
+#define FERRY__SIM_DEFAULT_ALIGN 256                    /* as cudaMalloc */
+#define FERRY__SIM_POISON 0xA5                          /* fresh sim memory reads as this */
+
+int ferry__sim_open(const char *spec, const ferry__sim_config *cfg, ferry_device **out, char *err,
+                    size_t errlen);
+/* ORDINAL: the N of "cuda:N". Fails with FERRY_EDEVICE ("cuda:0 unavailable: ...") without the
+ * CUDA runtime library or a GPU. */
+int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *err, size_t errlen);
+
+/* ---- for the core: operations with the fallbacks ferry_device.h promises -------------------- */
+
+/* Reads N bytes of device memory at SRC into host DST synchronously: read_sync when the device has
+ * it, copy_d2h + wait otherwise. */
+int ferry__device_read(ferry_device *d, void *dst, const void *src, uint64_t n);
+/* Writes N bytes of host SRC to device DST synchronously (copy_h2d + wait). */
+int ferry__device_write(ferry_device *d, void *dst, const void *src, uint64_t n);
+/* Staging memory: host_alloc when the device has it, else page-aligned host memory. Free with
+ * ferry__device_host_free on the same device. */
+int ferry__device_host_alloc(ferry_device *d, uint64_t size, void **ptr);
+void ferry__device_host_free(ferry_device *d, void *ptr);
+
+/* ---- host memory (hostmem.c) ----------------------------------------------------------------- */
+
+/* Aligned host memory (ALIGN a power of two; page alignment for big blocks). NULL when exhausted
+ * or SIZE does not fit size_t. Free with ferry__host_free. */
+void *ferry__host_aligned_alloc(uint64_t size, uint64_t align);
+void ferry__host_free(void *p);
+/* Locks [P, P+N) in RAM (mlock). FERRY_EUNSUPPORTED when RLIMIT_MEMLOCK or privileges forbid it,
+ * FERRY_ENOMEM when the kernel refuses for lack of memory; E (may be NULL) gets the detail with
+ * the limit. ferry__host_unlock undoes it. */
+int ferry__host_lock(void *p, uint64_t n, ferry__err *e);
+void ferry__host_unlock(void *p, uint64_t n);
+/* Host memory: total and available bytes (MemAvailable), capped by the cgroup's memory limit
+ * when there is one. */
+int ferry__host_mem_info(uint64_t *avail, uint64_t *total);
+
+/* ---- sim test hooks --------------------------------------------------------------------------- */
+
+/* Fault injection from now on: the FAIL_ALLOC_NTH-th allocation call fails with FERRY_ENOMEM, the
+ * FAIL_COPY_NTH-th copy (copy_h2d / copy_d2h; read_sync is never failed) completes with
+ * FERRY_EDEVICE; 0 = off. Counting restarts at this call. FERRY_EINVAL when D is not a sim. */
+int ferry__sim_set_faults(ferry_device *d, uint64_t fail_alloc_nth, uint64_t fail_copy_nth);
+/* The same with the "every" variant: when EVERY is nonzero the N-th, 2N-th, 3N-th... fail. */
+int ferry__sim_set_faults_every(ferry_device *d, uint64_t fail_alloc_nth, int alloc_every,
+                                uint64_t fail_copy_nth, int copy_every);
+/* Changes the bandwidth limit (bytes per second, 0: unpaced) for copies started from now on. */
+int ferry__sim_set_rate(ferry_device *d, uint64_t bytes_per_s);
+
+typedef struct ferry__sim_stats {
+    uint64_t alloc_calls;     /* every call to alloc, successful or not */
+    uint64_t allocs;          /* successful allocations since open */
+    uint64_t alloc_failures;  /* refused allocations (capacity, max_alloc, injected, host) */
+    uint64_t live_allocs;     /* allocations not yet freed */
+    uint64_t used;            /* bytes of capacity in use (sizes rounded up to the alignment) */
+    uint64_t peak_used;       /* highest value of used */
+    uint64_t copies;          /* copies completed (h2d and d2h; not read_sync) */
+    uint64_t copy_failures;   /* of which completed with an error */
+    uint64_t copies_pending;  /* queued or running now */
+    uint64_t bytes_h2d;       /* bytes copied successfully host -> device */
+    uint64_t bytes_d2h;       /* and device -> host (read_sync included) */
+    uint64_t misuse;          /* contract violations seen: a free while a copy of that memory was
+                                 in flight (the free waited for it) */
+} ferry__sim_stats;
+
+/* A snapshot of D's counters. FERRY_EINVAL when D is not a sim. */
+int ferry__sim_get_stats(ferry_device *d, ferry__sim_stats *out);
+/* Shortcut: successful allocations since open, copies completed, peak bytes used (NULLs allowed). */
+int ferry__sim_counters(ferry_device *d, uint64_t *allocs, uint64_t *copies, uint64_t *peak_used);
+
+#endif
