@@ -175,6 +175,12 @@ FERRY_API int ferry_dtype_can_convert(ferry_dtype src, ferry_dtype dst);
 FERRY_API int ferry_dtype_convert(ferry_dtype src, const void *in, ferry_dtype dst, void *out,
                                   uint64_t n);
 
+/* y[r] = sum_c W[r][c] * x[c] for ROWS rows of COLS elements of type T stored contiguously at W
+ * (each row COLS elements, a whole number of blocks): the decode-shaped product of a weight with
+ * a vector, dequantizing on the fly. FERRY_EDTYPE for a type ferry cannot read as numbers. */
+FERRY_API int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
+                           const float *x, float *y);
+
 /* ---------------------------------------------------------------------------------------------
  * Metadata values (GGUF key/values, safetensors __metadata__)
  * ------------------------------------------------------------------------------------------- */
@@ -456,6 +462,11 @@ FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);
 /* dtype at ferry_tensor_data. */
 FERRY_API ferry_dtype ferry_tensor_dtype(const ferry_tensor *t);
 
+/* Copies N bytes at byte OFF of prepared tensor T's data (on whatever device it is) into host
+ * memory DST: verification and debugging. FERRY_EINVAL when T is not prepared or the range is
+ * outside its data. */
+FERRY_API int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void *dst);
+
 /* Reads the rows ROWS[0..N) of a 2-D (or higher, rows = all but the innermost dimension) tensor
  * into DST (N * row bytes), with explicit reads that coalesce neighbouring rows. Meant for lazy
  * tensors (embedding tables); works for any tensor. */
@@ -602,6 +613,20 @@ typedef struct ferry_stats {
 
 /* A snapshot of the counters. */
 FERRY_API int ferry_get_stats(const ferry *f, ferry_stats *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tracing: a timeline of reads, copies, conversions, waits (and the engine's own events) in the
+ * Chrome trace format that Perfetto and chrome://tracing open.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Starts recording events; they are written to PATH by ferry_trace_stop (or ferry_destroy). */
+FERRY_API int ferry_trace_start(ferry *f, const char *path);
+/* Adds an engine event NAME (category CAT) that ran from T0 to T1, seconds of ferry_now(). */
+FERRY_API void ferry_trace_event(ferry *f, const char *name, const char *cat, double t0, double t1);
+/* Writes the trace file and stops recording. */
+FERRY_API int ferry_trace_stop(ferry *f);
+/* The clock ferry's statistics and traces use: monotonic seconds. */
+FERRY_API double ferry_now(void);
 
 #ifdef __cplusplus
 }

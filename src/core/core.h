@@ -25,6 +25,8 @@
 
 #define FERRY__HOST 0 /* device id of the host (cpu) */
 
+typedef struct ferry__trace ferry__trace;
+
 typedef struct ferry__group {
     char *name;
     ferry_policy policy;
@@ -200,6 +202,7 @@ struct ferry {
     unsigned inflight_prefetch;
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
 
+    ferry__trace *trace;      /* NULL unless tracing; swapped atomically */
     ferry_stats stats;        /* counters; resident/peak filled from devs on read */
     /* Counters updated without the lock (atomics), merged into stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
@@ -220,6 +223,18 @@ int ferry__lora_snapshot(ferry *f, ferry_tensor *t, ferry__job *j);
 /* Frees adapters that were removed once no job runs. Lock held. */
 void ferry__lora_sweep(ferry *f);
 void ferry__lora_free_all(ferry *f);
+
+/* trace.c: no-ops unless tracing */
+void ferry__trace_add(ferry *f, const char *name, const char *cat, double t0, double t1);
+/* NAME is FMT with one %s replaced by ARG (copied). */
+void ferry__trace_addf(ferry *f, const char *cat, double t0, double t1, const char *fmt,
+                       const char *arg);
+int ferry__trace_write(ferry *f, ferry__trace *tr);
+void ferry__trace_free(ferry__trace *tr);
+static inline int ferry__tracing(const ferry *f)
+{
+    return __atomic_load_n(&f->trace, __ATOMIC_RELAXED) != NULL;
+}
 
 /* policy.c */
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);

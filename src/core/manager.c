@@ -50,6 +50,11 @@ void ferry_destroy(ferry *f)
     /* Cancel and drain: the loaders finish what they run, drop the queue and exit; only then is
      * memory freed. */
     ferry__loaders_stop(f);
+    if (f->trace) {
+        ferry__trace_write(f, f->trace);
+        ferry__trace_free(f->trace);
+        f->trace = NULL;
+    }
     if (f->io)
         ferry__io_destroy(f->io);
     ferry__lora_free_all(f);

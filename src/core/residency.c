@@ -81,6 +81,7 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 {
     uint64_t abs = t->info.offset + off;
     int rc;
+    double t0 = ferry__tracing(f) ? ferry__now() : 0;
     if (len < FERRY__PARALLEL_READ || !f->io) {
         rc = ferry__io_read(t->file, abs, len, dst, mode, e);
     } else {
@@ -108,6 +109,8 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
     }
     if (!rc)
         add_stat(&f->a_bytes_read, len);
+    if (t0)
+        ferry__trace_addf(f, "io", t0, ferry__now(), "read %s", t->info.name);
     return rc;
 }
 
@@ -239,6 +242,7 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
             src = buf;
         }
         if (converted || merging) {
+            double t0 = ferry__tracing(f) ? ferry__now() : 0;
             unsigned char *cdst = to_host ? dptr + out_off : lc->conv[slot];
             if (merging) {
                 rc = ferry__to_f32(in, src, lc->f32, ce);
@@ -256,6 +260,9 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
                             ferry_dtype_name(in), ferry_dtype_name(out));
                 break;
             }
+            if (t0)
+                ferry__trace_addf(f, "cpu", t0, ferry__now(), merging ? "merge %s" : "convert %s",
+                                  t->info.name);
             src = cdst;
         }
         if (!to_host) {
@@ -318,7 +325,19 @@ static void lock_copy(ferry *f, ferry_tensor *t, ferry__copy *c, uint64_t len)
     }
 }
 
+static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e);
+
 static int run_job(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
+{
+    double t0 = ferry__tracing(f) ? ferry__now() : 0;
+    int rc = run_job_inner(f, lc, j, e);
+    if (t0)
+        ferry__trace_addf(f, j->prefetch ? "prefetch" : "load", t0, ferry__now(), "stage %s",
+                          j->t->info.name);
+    return rc;
+}
+
+static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
 {
     ferry_tensor *t = j->t;
     int fill = j->fill;
@@ -723,7 +742,9 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
             break;
         double t0 = ferry__now();
         pthread_cond_wait(&f->cond, &f->lock);
-        waited += ferry__now() - t0;
+        double t1 = ferry__now();
+        waited += t1 - t0;
+        ferry__trace_add(f, "wait", "wait", t0, t1);
     }
     f->stats.wait_seconds += waited;
     if (seen != local)
@@ -884,6 +905,38 @@ void *ferry_tensor_data(const ferry_tensor *t)
     void *p = t->refs > 0 && t->comp.state == FERRY__READY ? t->comp.ptr : NULL;
     pthread_mutex_unlock(&f->lock);
     return p;
+}
+
+int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void *dst)
+{
+    if (!f || !t || (n && !dst))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int held = t->refs > 0 && t->comp.state == FERRY__READY;
+    const unsigned char *p = held ? t->comp.ptr : NULL;
+    int dev = t->comp.dev;
+    uint64_t size = t->out_bytes;
+    pthread_mutex_unlock(&f->lock);
+    if (!held)
+        return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s' is not prepared", t->info.name);
+    if (off > size || n > size - off)
+        return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
+                           t->info.name, (unsigned long long)off,
+                           (unsigned long long)(off + n), (unsigned long long)size);
+    ferry_device *d = f->devs[dev].d;
+    if (d->host_accessible) {
+        memcpy(dst, p + off, n);
+        return 0;
+    }
+    int rc = ferry__device_read(d, dst, p + off, n);
+    if (rc) {
+        char msg[256];
+        pthread_mutex_lock(&f->lock);
+        ferry__fail(&f->err, rc, "%s: tensor '%s': read back failed: %s", d->name, t->info.name,
+                    ferry__device_errmsg(d, msg, sizeof msg));
+        pthread_mutex_unlock(&f->lock);
+    }
+    return rc;
 }
 
 uint64_t ferry_tensor_nbytes(const ferry_tensor *t)

@@ -1,0 +1,195 @@
+/*
+ * trace.c — a timeline of what ferry does (reads, conversions, copies, waits) and of the engine's
+ * own events, written as Chrome trace JSON ("X" complete events) that Perfetto and
+ * chrome://tracing open. Recording is off unless ferry_trace_start was called; then each event
+ * costs a lock and an append.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "dtype/dtype.h"
+
+typedef struct trace_event {
+    const char *name; /* static, or owned when dyn */
+    const char *cat;
+    double t0, t1;
+    int tid;
+    int dyn;
+} trace_event;
+
+struct ferry__trace {
+    pthread_mutex_t lock;
+    char *path;
+    trace_event *ev;
+    size_t n, cap;
+    double origin;
+};
+
+static int thread_number(void)
+{
+    static int next = 1;
+    static __thread int mine;
+    if (!mine)
+        mine = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+    return mine;
+}
+
+double ferry_now(void)
+{
+    return ferry__now();
+}
+
+int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const float *x,
+                 float *y)
+{
+    uint64_t row_bytes;
+    if (!w || !x || !y)
+        return FERRY_EINVAL;
+    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    if (rc)
+        return rc;
+    return ferry__matvec(t, w, rows, cols, row_bytes, x, y);
+}
+
+int ferry_trace_start(ferry *f, const char *path)
+{
+    if (!f || !path)
+        return FERRY_EINVAL;
+    ferry__trace *tr = calloc(1, sizeof *tr);
+    if (!tr || !(tr->path = ferry__strdup(path))) {
+        free(tr);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&tr->lock, NULL);
+    tr->origin = ferry__now();
+    pthread_mutex_lock(&f->lock);
+    ferry__trace *old = f->trace;
+    f->trace = tr;
+    pthread_mutex_unlock(&f->lock);
+    if (old)
+        ferry__trace_free(old);
+    return 0;
+}
+
+static void add(ferry__trace *tr, const char *name, const char *cat, double t0, double t1, int dyn)
+{
+    pthread_mutex_lock(&tr->lock);
+    if (tr->n == tr->cap) {
+        size_t cap = tr->cap ? tr->cap * 2 : 1024;
+        trace_event *ev = realloc(tr->ev, cap * sizeof *ev);
+        if (!ev) {
+            pthread_mutex_unlock(&tr->lock);
+            if (dyn)
+                free((char *)name);
+            return;
+        }
+        tr->ev = ev;
+        tr->cap = cap;
+    }
+    tr->ev[tr->n++] = (trace_event){name, cat, t0, t1, thread_number(), dyn};
+    pthread_mutex_unlock(&tr->lock);
+}
+
+void ferry__trace_add(ferry *f, const char *name, const char *cat, double t0, double t1)
+{
+    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
+    if (tr)
+        add(tr, name, cat, t0, t1, 0);
+}
+
+void ferry__trace_addf(ferry *f, const char *cat, double t0, double t1, const char *fmt,
+                       const char *arg)
+{
+    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
+    if (!tr)
+        return;
+    char *name = ferry__asprintf(fmt, arg);
+    if (name)
+        add(tr, name, cat, t0, t1, 1);
+}
+
+void ferry_trace_event(ferry *f, const char *name, const char *cat, double t0, double t1)
+{
+    if (!f || !name)
+        return;
+    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
+    if (!tr)
+        return;
+    char *copy = ferry__strdup(name);
+    if (copy)
+        add(tr, copy, cat ? cat : "engine", t0, t1, 1);
+}
+
+void ferry__trace_free(ferry__trace *tr)
+{
+    if (!tr)
+        return;
+    for (size_t i = 0; i < tr->n; i++)
+        if (tr->ev[i].dyn)
+            free((char *)tr->ev[i].name);
+    free(tr->ev);
+    free(tr->path);
+    pthread_mutex_destroy(&tr->lock);
+    free(tr);
+}
+
+static void put_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(out, "\\u%04x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+int ferry__trace_write(ferry *f, ferry__trace *tr)
+{
+    FILE *out = fopen(tr->path, "w");
+    if (!out)
+        return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
+    fprintf(out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    fprintf(out, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ferry\"}}");
+    pthread_mutex_lock(&tr->lock);
+    for (size_t i = 0; i < tr->n; i++) {
+        const trace_event *e = &tr->ev[i];
+        fprintf(out, ",\n{\"name\":");
+        put_str(out, e->name);
+        fprintf(out, ",\"cat\":");
+        put_str(out, e->cat);
+        fprintf(out, ",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", e->tid,
+                (e->t0 - tr->origin) * 1e6, (e->t1 - e->t0) * 1e6);
+    }
+    pthread_mutex_unlock(&tr->lock);
+    fprintf(out, "\n]}\n");
+    if (fclose(out) != 0)
+        return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
+    return 0;
+}
+
+int ferry_trace_stop(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry__trace *tr = f->trace;
+    __atomic_store_n(&f->trace, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&f->lock);
+    if (!tr)
+        return 0;
+    /* Loaders may still be adding to it: wait until the queue is idle. */
+    pthread_mutex_lock(&f->lock);
+    while (f->running)
+        pthread_cond_wait(&f->cond, &f->lock);
+    pthread_mutex_unlock(&f->lock);
+    int rc = ferry__trace_write(f, tr);
+    ferry__trace_free(tr);
+    return rc;
+}

@@ -1,0 +1,439 @@
+/*
+ * cmd_run.c — `ferry run`: streams a model through a decode-shaped workload under the given
+ * placement: for each layer in file order, prepare its tensors, compute y = W.x for every 2-D (or
+ * higher) weight, release. Reports time per pass, stalls, bytes read, peak memory; --verify checks
+ * every prepared tensor's bytes against an independent read (and conversion / merge) of the file.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "runopts.h"
+
+typedef struct layer_set {
+    ferry_tensor **t;
+    size_t n;
+} layer_set;
+
+/* The layer a tensor belongs to: its name up to the first all-digit component ("blk.3",
+ * "down_blocks.1"), or the name without its last component. */
+static size_t layer_key_len(const char *name)
+{
+    const char *p = name;
+    while (*p) {
+        const char *dot = strchr(p, '.');
+        size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        int digits = len > 0;
+        for (size_t i = 0; i < len; i++)
+            digits &= p[i] >= '0' && p[i] <= '9';
+        if (digits)
+            return (size_t)(p - name) + len;
+        if (!dot)
+            break;
+        p = dot + 1;
+    }
+    const char *last = strrchr(name, '.');
+    return last ? (size_t)(last - name) : strlen(name);
+}
+
+static int build_sets(ferry *f, layer_set **out, size_t *n_out)
+{
+    const ferry_catalog *c = ferry_catalog_of(f);
+    size_t n = ferry_catalog_count(c);
+    layer_set *sets = calloc(n ? n : 1, sizeof *sets);
+    ferry_tensor **all = calloc(n ? n : 1, sizeof *all);
+    if (!sets || !all) {
+        free(sets), free(all);
+        return cli_error("out of memory");
+    }
+    size_t ns = 0, k = 0;
+    const char *prev = NULL;
+    size_t prev_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor_info info;
+        ferry_catalog_tensor(c, i, &info);
+        ferry_tensor *t = ferry_find(f, info.name);
+        if (!t)
+            continue; /* ignored */
+        size_t len = layer_key_len(info.name);
+        if (!prev || len != prev_len || strncmp(prev, info.name, len) != 0) {
+            sets[ns].t = &all[k];
+            ns++;
+        }
+        all[k++] = t;
+        sets[ns - 1].n++;
+        prev = info.name;
+        prev_len = len;
+    }
+    if (!ns)
+        free(all);
+    *out = sets;
+    *n_out = ns;
+    return 0;
+}
+
+static void drop_cache(ferry *f)
+{
+    const ferry_catalog *c = ferry_catalog_of(f);
+    for (size_t i = 0; i < ferry_catalog_file_count(c); i++) {
+        int fd = open(ferry_catalog_file_path(c, i), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+}
+
+static void *read_file(const char *path, uint64_t off, uint64_t n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    unsigned char *buf = malloc(n ? n : 1);
+    uint64_t got = 0;
+    while (fd >= 0 && buf && got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r <= 0)
+            break;
+        got += (uint64_t)r;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (got != n) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* Tolerance of a stored value of type T near V: the rounding of T (a merge computed in another
+ * order may round the other way). */
+static double tolerance(ferry_dtype t, double v, double block_amax)
+{
+    switch (t) {
+    case FERRY_DTYPE_F32: return 1e-5 * fabs(v) + 1e-6;
+    case FERRY_DTYPE_F16: return fabs(v) / 1024.0 + 1e-7;
+    case FERRY_DTYPE_BF16: return fabs(v) / 128.0 + 1e-7;
+    case FERRY_DTYPE_Q8_0: return block_amax / 127.0 * 1.01 + 1e-7;
+    case FERRY_DTYPE_Q4_0: return block_amax / 7.0 * 1.01 + 1e-7;
+    default: return 1e-3 * fabs(v) + 1e-6;
+    }
+}
+
+/* Independent check of one prepared tensor: exact bytes when nothing transforms it; otherwise
+ * the file's values converted (and merged, in double) compared within the rounding of the
+ * staged type. Returns 1 when it matches. */
+static int verify_tensor(ferry *f, ferry_tensor *t, int merge_mode, char *why, size_t whylen)
+{
+    ferry_tensor_info info;
+    ferry_tensor_get_info(t, &info);
+    uint64_t out_bytes = ferry_tensor_nbytes(t);
+    ferry_dtype out = ferry_tensor_dtype(t);
+    unsigned char *raw = read_file(info.file, info.offset, info.nbytes);
+    unsigned char *got = malloc(out_bytes ? out_bytes : 1);
+    int ok = 0;
+    if (!raw || !got || ferry_tensor_read(f, t, 0, out_bytes, got)) {
+        snprintf(why, whylen, "cannot read back");
+        goto out;
+    }
+    ferry_lora_factor fac;
+    int merged = merge_mode && ferry_lora_factors(f, t, 0, &fac) == 0;
+    if (!merged && out == info.dtype) {
+        ok = out_bytes == info.nbytes && memcmp(raw, got, info.nbytes) == 0;
+        if (!ok)
+            snprintf(why, whylen, "bytes differ from the file");
+        goto out;
+    }
+    uint64_t n = info.n_elems;
+    float *want = malloc(n * sizeof *want), *have = malloc(n * sizeof *have);
+    double *acc = merged ? malloc(n * sizeof *acc) : NULL;
+    if (!want || !have || (merged && !acc)) {
+        snprintf(why, whylen, "out of memory");
+        free(want), free(have), free(acc);
+        goto out;
+    }
+    if (ferry_dtype_convert(info.dtype, raw, FERRY_DTYPE_F32, want, n) ||
+        ferry_dtype_convert(out, got, FERRY_DTYPE_F32, have, n)) {
+        snprintf(why, whylen, "cannot convert %s", ferry_dtype_name(info.dtype));
+        free(want), free(have), free(acc);
+        goto out;
+    }
+    if (merged) {
+        for (uint64_t i = 0; i < n; i++)
+            acc[i] = want[i];
+        for (size_t k = 0; ferry_lora_factors(f, t, k, &fac) == 0; k++)
+            for (uint64_t r = 0; r < fac.rows; r++)
+                for (uint64_t c = 0; c < fac.cols; c++) {
+                    double s = 0;
+                    for (uint32_t q = 0; q < fac.rank; q++)
+                        s += (double)fac.b[r * fac.rank + q] * fac.a[q * fac.cols + c];
+                    acc[r * fac.cols + c] += fac.scale * s;
+                }
+        for (uint64_t i = 0; i < n; i++)
+            want[i] = (float)acc[i];
+    } else {
+        /* the independent conversion, through the same public converter */
+        unsigned char *conv = malloc(out_bytes ? out_bytes : 1);
+        if (conv && !ferry_dtype_convert(info.dtype, raw, out, conv, n) &&
+            memcmp(conv, got, out_bytes) == 0) {
+            ok = 1;
+        } else {
+            snprintf(why, whylen, "converted values differ");
+        }
+        free(conv);
+        free(want), free(have), free(acc);
+        goto out;
+    }
+    uint32_t blk = ferry_dtype_block_elems(out);
+    ok = 1;
+    for (uint64_t b0 = 0; b0 < n && ok; b0 += blk) {
+        double amax = 0;
+        for (uint64_t i = b0; i < b0 + blk && i < n; i++)
+            amax = fmax(amax, fabs((double)want[i]));
+        for (uint64_t i = b0; i < b0 + blk && i < n; i++) {
+            double d = fabs((double)have[i] - want[i]);
+            if (!(d <= tolerance(out, want[i], amax))) {
+                snprintf(why, whylen, "element %llu: %g, expected %g (merged)",
+                         (unsigned long long)i, have[i], want[i]);
+                ok = 0;
+                break;
+            }
+        }
+    }
+    free(want), free(have), free(acc);
+out:
+    free(raw);
+    free(got);
+    return ok;
+}
+
+static uint64_t peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+typedef struct pass_stat {
+    double seconds, stall;
+    uint64_t bytes_read;
+} pass_stat;
+
+int cmd_run(int argc, char **argv)
+{
+    static const char *help =
+        "usage: ferry run FILE... [options]\n"
+        "\n"
+        "Streams the model through a decode-shaped workload: for each layer in file order,\n"
+        "prepare its tensors, compute y = W.x for every 2-D weight, release.\n"
+        "\n"
+        "options:\n"
+        "%s"
+        "  --passes N             passes over the model (default 3)\n"
+        "  --cold                 drop the files from the page cache before each pass\n"
+        "  --verify               check every prepared tensor against an independent read\n"
+        "  --trace FILE           write a Chrome-trace timeline (Perfetto, chrome://tracing)\n"
+        "  --json                 one JSON object on stdout\n"
+        "  --quiet                no progress bar\n";
+    runopts r;
+    memset(&r, 0, sizeof r);
+    const char *passes_s = NULL, *trace = NULL;
+    int verify = 0, json = 0, cold = 0, quiet = 0;
+    cli_opt opts[24];
+    size_t no = 0;
+    runopts_add(&r, opts, &no);
+    opts[no++] = (cli_opt){"passes", 0, CLI_OPT_STRING, &passes_s};
+    opts[no++] = (cli_opt){"cold", 0, CLI_OPT_FLAG, &cold};
+    opts[no++] = (cli_opt){"verify", 0, CLI_OPT_FLAG, &verify};
+    opts[no++] = (cli_opt){"trace", 0, CLI_OPT_STRING, &trace};
+    opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
+    opts[no++] = (cli_opt){"quiet", 'q', CLI_OPT_FLAG, &quiet};
+    if (runopts_collect_adapters("run", &r, &argc, argv))
+        return CLI_EXIT_USAGE;
+    int npos = 0;
+    int prc = cli_parse("run", argc, argv, opts, no, &npos);
+    if (prc == CLI_HELP) {
+        printf(help, runopts_help);
+        return CLI_EXIT_OK;
+    }
+    if (prc)
+        return prc;
+    if (npos < 1)
+        return cli_usage_error("run", "no model file given");
+    uint64_t passes = 3;
+    if (passes_s && cli_arg_u64("run", "passes", passes_s, 1, 1000000, &passes))
+        return CLI_EXIT_USAGE;
+    if (runopts_parse("run", &r))
+        return CLI_EXIT_USAGE;
+
+    ferry *f;
+    if (runopts_open(&r, argv + 1, npos, &f))
+        return CLI_EXIT_FAIL;
+    int rc = CLI_EXIT_OK;
+    layer_set *sets = NULL;
+    size_t nsets = 0;
+    float *x = NULL, *y = NULL;
+    pass_stat *ps = calloc(passes, sizeof *ps);
+    if (!ps || build_sets(f, &sets, &nsets)) {
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    if (ferry_validate(f)) {
+        rc = cli_error("%s", ferry_errmsg(f));
+        goto out;
+    }
+    if (trace && ferry_trace_start(f, trace)) {
+        rc = cli_error("%s", ferry_errmsg(f));
+        goto out;
+    }
+    /* The vector and the result: as long as the longest row and the most rows. */
+    uint64_t max_cols = 1, max_rows = 1;
+    for (size_t s = 0; s < nsets; s++)
+        for (size_t i = 0; i < sets[s].n; i++) {
+            ferry_tensor_info info;
+            ferry_tensor_get_info(sets[s].t[i], &info);
+            max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
+            max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
+        }
+    x = malloc(max_cols * sizeof *x);
+    y = malloc(max_rows * sizeof *y);
+    if (!x || !y) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    for (uint64_t i = 0; i < max_cols; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    int compute = !r.device || strcmp(r.device, "cpu") == 0;
+    int merge_mode = !r.lora_mode || strcmp(r.lora_mode, "merge") == 0;
+    const ferry_catalog *cat = ferry_catalog_of(f);
+    uint64_t model = ferry_catalog_total_bytes(cat);
+    int verify_failed = 0;
+    double checksum = 0;
+    cli_progress bar;
+    cli_progress_start(&bar, "run", passes * nsets, !json && !quiet);
+    for (uint64_t p = 0; p < passes && rc == CLI_EXIT_OK; p++) {
+        if (cold)
+            drop_cache(f);
+        ferry_stats st0, st1;
+        ferry_get_stats(f, &st0);
+        double t0 = ferry_now();
+        for (size_t s = 0; s < nsets && rc == CLI_EXIT_OK; s++) {
+            layer_set *ls = &sets[s];
+            if (ferry_prepare(f, ls->t, ls->n)) {
+                rc = cli_error("%s", ferry_errmsg(f));
+                break;
+            }
+            double c0 = ferry_now();
+            for (size_t i = 0; i < ls->n && compute; i++) {
+                ferry_tensor_info info;
+                ferry_tensor_get_info(ls->t[i], &info);
+                if (info.ndim < 2)
+                    continue;
+                if (ferry_matvec(ferry_tensor_dtype(ls->t[i]), ferry_tensor_data(ls->t[i]),
+                                 info.n_rows, info.row_elems, x, y) == 0)
+                    checksum += y[0] + y[info.n_rows - 1];
+            }
+            if (compute)
+                ferry_trace_event(f, "compute", "compute", c0, ferry_now());
+            for (size_t i = 0; i < ls->n && verify; i++) {
+                char why[256];
+                if (!verify_tensor(f, ls->t[i], merge_mode, why, sizeof why)) {
+                    ferry_tensor_info info;
+                    ferry_tensor_get_info(ls->t[i], &info);
+                    fprintf(stderr, "ferry: verify: %s: tensor '%s': %s\n", info.file, info.name,
+                            why);
+                    verify_failed = 1;
+                }
+            }
+            ferry_release(f, ls->t, ls->n);
+            cli_progress_update(&bar, p * nsets + s + 1);
+        }
+        ps[p].seconds = ferry_now() - t0;
+        ferry_get_stats(f, &st1);
+        ps[p].bytes_read = st1.bytes_read - st0.bytes_read;
+        ps[p].stall = st1.wait_seconds - st0.wait_seconds;
+    }
+    cli_progress_end(&bar);
+    if (trace)
+        ferry_trace_stop(f);
+    if (rc)
+        goto out;
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    uint64_t rss = peak_rss();
+    if (json) {
+        cli_json j;
+        cli_json_init(&j, stdout);
+        cli_json_begin_object(&j, 0);
+        cli_json_key(&j, "model_bytes");
+        cli_json_u64(&j, model);
+        cli_json_key(&j, "passes");
+        cli_json_begin_array(&j, 0);
+        for (uint64_t p = 0; p < passes; p++) {
+            cli_json_begin_object(&j, 1);
+            cli_json_key(&j, "seconds");
+            cli_json_f64(&j, ps[p].seconds);
+            cli_json_key(&j, "bytes_read");
+            cli_json_u64(&j, ps[p].bytes_read);
+            cli_json_key(&j, "stall_seconds");
+            cli_json_f64(&j, ps[p].stall);
+            cli_json_end_object(&j);
+        }
+        cli_json_end_array(&j);
+        cli_json_key(&j, "peak_rss_bytes");
+        cli_json_u64(&j, rss);
+        cli_json_key(&j, "host_peak_bytes");
+        cli_json_u64(&j, st.peak_bytes[0]);
+        cli_json_key(&j, "device_peak_bytes");
+        cli_json_begin_object(&j, 1);
+        for (int d = 1; d < ferry_device_count(f); d++) {
+            char key[16];
+            snprintf(key, sizeof key, "%d", d);
+            cli_json_key(&j, key);
+            cli_json_u64(&j, st.peak_bytes[d]);
+        }
+        cli_json_end_object(&j);
+        cli_json_key(&j, "prefetch_hits");
+        cli_json_u64(&j, st.prefetch_hits);
+        cli_json_key(&j, "prefetch_misses");
+        cli_json_u64(&j, st.prefetch_misses);
+        cli_json_key(&j, "evictions");
+        cli_json_u64(&j, st.evictions);
+        cli_json_key(&j, "verify");
+        cli_json_string(&j, !verify ? "off" : verify_failed ? "failed" : "ok");
+        cli_json_end_object(&j);
+        cli_json_finish(&j);
+    } else {
+        char b1[32], b2[32], b3[32];
+        printf("model %s in %zu layers, %llu passes%s\n", cli_size(model, b1), nsets,
+               (unsigned long long)passes, compute ? "" : " (no compute on this device)");
+        for (uint64_t p = 0; p < passes; p++)
+            printf("  pass %llu: %.3f s, read %s (%.2f GB/s), stalled %.3f s\n",
+                   (unsigned long long)p + 1, ps[p].seconds, cli_size(ps[p].bytes_read, b1),
+                   ps[p].seconds > 0 ? ps[p].bytes_read / ps[p].seconds / 1e9 : 0.0,
+                   ps[p].stall);
+        printf("peak RSS %s, ferry's host peak %s", cli_size(rss, b2),
+               cli_size(st.peak_bytes[0], b3));
+        for (int d = 1; d < ferry_device_count(f); d++)
+            printf(", device %d peak %s", d, cli_size(st.peak_bytes[d], b1));
+        printf("\nprefetch hits %llu, misses %llu, evictions %llu\n",
+               (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses,
+               (unsigned long long)st.evictions);
+        if (verify)
+            printf("verify: %s\n", verify_failed ? "FAILED" : "ok");
+    }
+    if (verify_failed)
+        rc = CLI_EXIT_FAIL;
+    (void)checksum;
+out:
+    if (sets && nsets)
+        free(sets[0].t);
+    free(sets);
+    free(ps);
+    free(x);
+    free(y);
+    ferry_destroy(f);
+    return rc;
+}

@@ -1,0 +1,37 @@
+/*
+ * runopts.h — the options that say where weights live, shared by `run`, `plan` and `bench`:
+ * device, home, load mode, lazy, budgets, compute dtype, adapters; and building a manager from
+ * them.
+ */
+#ifndef FERRY_RUNOPTS_H
+#define FERRY_RUNOPTS_H
+
+#include "cli.h"
+
+#define RUNOPTS_MAX_ADAPTERS 8
+
+typedef struct runopts {
+    const char *device, *home, *load, *lazy, *budget, *compute_dtype, *lora_mode;
+    const char *adapters[RUNOPTS_MAX_ADAPTERS];
+    int n_adapters;
+    /* parsed */
+    ferry_policy policy;
+    uint64_t host_budget, device_budget;
+    int have_device_budget;
+} runopts;
+
+/* The options above as cli_opt entries, appended to OPTS at *N (room for 8 needed). The -a option
+ * is collected separately by runopts_collect_adapters. */
+void runopts_add(runopts *r, cli_opt *opts, size_t *n);
+/* Moves every "-a X" / "--adapter X" / "-aX" out of ARGV into R before cli_parse runs. Returns 0
+ * or CLI_EXIT_USAGE. */
+int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv);
+/* Parses the strings into the policy and budgets; CLI_EXIT_USAGE on a bad value. */
+int runopts_parse(const char *cmd, runopts *r);
+/* A manager with the device, budgets, policy (group "all" for every tensor), the files and the
+ * adapters. Returns 0 or CLI_EXIT_FAIL after printing why. */
+int runopts_open(runopts *r, char **files, int nfiles, ferry **out);
+/* The help text of these options. */
+extern const char runopts_help[];
+
+#endif
