@@ -1,0 +1,116 @@
+/*
+ * dtype_kern.h — private to src/dtype/: the scalar building blocks the conversion and dot-product
+ * kernels share (unaligned little-endian loads, half-precision and bfloat16 conversions written so
+ * that loops over them vectorize), and the test hook that pins the dot kernels to one ISA.
+ */
+#ifndef FERRY_DTYPE_KERN_H
+#define FERRY_DTYPE_KERN_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "dtype/dtype.h"
+
+/* Weights are stored little-endian in every format ferry reads, and the kernels read them with
+ * plain loads. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ferry's numeric kernels assume a little-endian host"
+#endif
+
+static inline uint16_t ferry__ld16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline uint32_t ferry__ld32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline float ferry__bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint32_t ferry__f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* f16 -> f32, exact. Branch-free so that a loop over it vectorizes: subnormals (exponent 0) are
+ * converted through an exact integer-to-float multiply, Inf/NaN (exponent 31) get the wider
+ * exponent, NaN payloads are kept. */
+static inline float ferry__h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    uint32_t norm = (em << 13) + ((uint32_t)(127 - 15) << 23);
+    norm += em >= 0x7c00u ? (uint32_t)(128 - 16) << 23 : 0u;
+    uint32_t sub = ferry__f32_bits((float)(int32_t)em * 0x1p-24f);
+    return ferry__bits_f32(sign | (em < 0x400u ? sub : norm));
+}
+
+/* f32 -> f16, round to nearest even; overflow gives Inf, NaN stays a (quiet) NaN. */
+static inline uint16_t ferry__f2h(float f)
+{
+    uint32_t u = ferry__f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* Inf or NaN */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
+    if (a >= 0x47800000u) /* >= 65536: beyond even the rounding range of the largest half */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        /* Below 2^-14 the result is a subnormal half (or zero): adding 0.5 puts the unit of the
+         * last place at 2^-24, so the FPU's own round-to-nearest-even does the rounding. */
+        float r = ferry__bits_f32(a) + 0.5f;
+        return (uint16_t)(sign | (ferry__f32_bits(r) - 0x3f000000u));
+    }
+    /* Normal: re-bias the exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest
+     * even; a carry out of the mantissa correctly bumps the exponent, up to Inf. */
+    a += 0xfffu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
+}
+
+static inline float ferry__bf2f(uint16_t h) { return ferry__bits_f32((uint32_t)h << 16); }
+
+/* f32 -> bf16, round to nearest even; a NaN keeps its sign and becomes a quiet NaN (its payload
+ * may sit entirely in the dropped bits, which would otherwise turn it into Inf). */
+static inline uint16_t ferry__f2bf(float f)
+{
+    uint32_t u = ferry__f32_bits(f);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x40u;
+    /* a select, not a branch, so that loops over it vectorize */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+/* Scale and min J (0..7) of a q4_K / q5_K block, from its 12 packed scale bytes S: six bits
+ * each; 0..3 in the low bits of bytes 0..3 (scales) and 4..7 (mins), 4..7 in the nibbles of bytes
+ * 8..11 with their two high bits in the top bits of bytes 0..7. */
+static inline void ferry__k4_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Test hook: whether the kernels of src/dtype/ (dot products, GEMM, f16 conversions) use the
+ * portable code only (1) or the best the CPU supports (0, the default). Tests set it between
+ * runs, never while a kernel runs. Returns the previous value. */
+int ferry__dtype_force_generic(int on);
+/* 1 when the AVX2+FMA+F16C kernels may be used: an x86 CPU that has them, and the hook unset. */
+int ferry__dtype_use_avx2(void);
+/* Name of the kernel set in use now ("avx2" or "generic"). */
+const char *ferry__dot_isa(void);
+
+#endif
