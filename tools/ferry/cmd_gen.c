@@ -1,0 +1,239 @@
+/*
+ * cmd_gen.c — `ferry gen`: writes a synthetic model (synth.c) with the real tensor names and shapes
+ * of a llama LLM or a diffusers UNet, sized by --size or by explicit dimensions, deterministic from
+ * --seed. Used by tests, demos and benchmarks to get models of any size without downloading one.
+ */
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "synth.h"
+
+static const char *HELP =
+    "usage: ferry gen -o FILE [options]\n"
+    "\n"
+    "Writes a synthetic model with the real tensor names and shapes of an architecture, filled\n"
+    "with values shaped like trained weights. The same options and seed give the same bytes.\n"
+    "The file appears only when complete.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output FILE      where to write (required unless --dry-run)\n"
+    "  --format gguf|safetensors\n"
+    "                         file format (default: safetensors for a *.safetensors FILE,\n"
+    "                         gguf otherwise)\n"
+    "  --arch llama|unet      architecture (default llama)\n"
+    "  --size SIZE            aim at this many bytes of tensors, within about 10% (default\n"
+    "                         256MiB when no dimension is given): 1GiB, 500MB, ...\n"
+    "  --dtype TYPE           f32, f16 (default), bf16; q8_0, q4_0 in GGUF only. GGUF keeps\n"
+    "                         norms and biases in f32; quantized rows that are no whole number\n"
+    "                         of 32-element blocks stay f16.\n"
+    "  --seed N               seed of the values (default 0)\n"
+    "  llama dimensions (each one given overrides what --size would pick):\n"
+    "  --layers N             transformer blocks\n"
+    "  --dim D                embedding width\n"
+    "  --ff F                 feed-forward width (default 8/3 of D, rounded)\n"
+    "  --vocab V              vocabulary (default 32000, less for small sizes)\n"
+    "  --heads H              attention heads (default D/128 or D/64)\n"
+    "  --kv-heads K           key/value heads (default H)\n"
+    "  unet dimensions:\n"
+    "  --layers N             resnets per down block (default 2)\n"
+    "  --dim C                base channels (block widths C, 2C, 4C, 4C)\n"
+    "  --heads H              attention heads (metadata only)\n"
+    "\n"
+    "  --dry-run              print what would be written, write nothing\n"
+    "  --json                 print the summary as JSON\n"
+    "  -q, --quiet            no progress bar, no summary\n"
+    "  -h, --help             this text\n";
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int dim_arg(const char *opt, const char *s, uint32_t max, uint32_t *out)
+{
+    uint64_t v = 0;
+    if (!s)
+        return 0;
+    int rc = cli_arg_u64("gen", opt, s, 1, max, &v);
+    *out = (uint32_t)v;
+    return rc;
+}
+
+static void print_summary_json(const synth_model *m, const char *path, int dry, double secs)
+{
+    const synth_config *c = &m->cfg;
+    cli_json j;
+    cli_json_init(&j, stdout);
+    cli_json_begin_object(&j, 0);
+    cli_json_key(&j, "path");
+    if (path)
+        cli_json_string(&j, path);
+    else
+        cli_json_null(&j);
+    cli_json_key(&j, "written");
+    cli_json_bool(&j, !dry);
+    cli_json_key(&j, "format");
+    cli_json_string(&j, ferry_format_name(c->format));
+    cli_json_key(&j, "arch");
+    cli_json_string(&j, synth_arch_name(c->arch));
+    cli_json_key(&j, "dtype");
+    cli_json_string(&j, ferry_dtype_name(c->dtype));
+    cli_json_key(&j, "seed");
+    cli_json_u64(&j, c->seed);
+    cli_json_key(&j, "layers");
+    cli_json_u64(&j, c->layers);
+    cli_json_key(&j, "dim");
+    cli_json_u64(&j, c->dim);
+    if (c->arch == SYNTH_LLAMA) {
+        cli_json_key(&j, "ff");
+        cli_json_u64(&j, c->ff);
+        cli_json_key(&j, "vocab");
+        cli_json_u64(&j, c->vocab);
+        cli_json_key(&j, "heads");
+        cli_json_u64(&j, c->heads);
+        cli_json_key(&j, "kv_heads");
+        cli_json_u64(&j, c->kv_heads);
+    } else {
+        cli_json_key(&j, "cross_attention_dim");
+        cli_json_u64(&j, m->cross_dim);
+        cli_json_key(&j, "heads");
+        cli_json_u64(&j, c->heads);
+    }
+    cli_json_key(&j, "n_tensors");
+    cli_json_u64(&j, m->n);
+    cli_json_key(&j, "total_bytes");
+    cli_json_u64(&j, m->total_bytes);
+    if (!dry) {
+        cli_json_key(&j, "seconds");
+        cli_json_f64(&j, secs);
+    }
+    cli_json_end_object(&j);
+    cli_json_finish(&j);
+}
+
+static void describe(const synth_model *m, char *buf, size_t len)
+{
+    const synth_config *c = &m->cfg;
+    if (c->arch == SYNTH_LLAMA)
+        snprintf(buf, len, "llama, %u layers, dim %u, ff %u, vocab %u, heads %u/%u", c->layers,
+                 c->dim, c->ff, c->vocab, c->heads, c->kv_heads);
+    else
+        snprintf(buf, len, "unet, %u resnets per block, channels %u/%u/%u/%u", c->layers, c->dim,
+                 2 * c->dim, 4 * c->dim, 4 * c->dim);
+}
+
+int cmd_gen(int argc, char **argv)
+{
+    const char *out = NULL, *format = NULL, *arch = "llama", *size = NULL, *dtype = "f16";
+    const char *seed = NULL, *layers = NULL, *dim = NULL, *ff = NULL, *vocab = NULL;
+    const char *heads = NULL, *kv_heads = NULL;
+    int quiet = 0, json = 0, dry = 0, npos = 0;
+    cli_opt opts[] = {
+        {"output", 'o', CLI_OPT_STRING, &out},   {"format", 0, CLI_OPT_STRING, &format},
+        {"arch", 0, CLI_OPT_STRING, &arch},      {"size", 0, CLI_OPT_STRING, &size},
+        {"dtype", 0, CLI_OPT_STRING, &dtype},    {"seed", 0, CLI_OPT_STRING, &seed},
+        {"layers", 0, CLI_OPT_STRING, &layers},  {"dim", 0, CLI_OPT_STRING, &dim},
+        {"ff", 0, CLI_OPT_STRING, &ff},          {"vocab", 0, CLI_OPT_STRING, &vocab},
+        {"heads", 0, CLI_OPT_STRING, &heads},    {"kv-heads", 0, CLI_OPT_STRING, &kv_heads},
+        {"quiet", 'q', CLI_OPT_FLAG, &quiet},    {"json", 0, CLI_OPT_FLAG, &json},
+        {"dry-run", 0, CLI_OPT_FLAG, &dry},
+    };
+    int rc = cli_parse("gen", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
+    if (rc == CLI_HELP) {
+        fputs(HELP, stdout);
+        return CLI_EXIT_OK;
+    }
+    if (rc)
+        return rc;
+    if (npos > 0)
+        return cli_usage_error("gen", "unexpected argument '%s' (the output goes after -o)",
+                               argv[1]);
+    if (!out && !dry)
+        return cli_usage_error("gen", "no output file: give -o FILE");
+
+    synth_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (strcmp(arch, "llama") == 0)
+        cfg.arch = SYNTH_LLAMA;
+    else if (strcmp(arch, "unet") == 0)
+        cfg.arch = SYNTH_UNET;
+    else
+        return cli_usage_error("gen", "--arch: '%s' is not llama or unet", arch);
+    if (format) {
+        if (strcmp(format, "gguf") == 0)
+            cfg.format = FERRY_FORMAT_GGUF;
+        else if (strcmp(format, "safetensors") == 0)
+            cfg.format = FERRY_FORMAT_SAFETENSORS;
+        else
+            return cli_usage_error("gen", "--format: '%s' is not gguf or safetensors", format);
+    } else {
+        cfg.format = out && ends_with(out, ".safetensors") ? FERRY_FORMAT_SAFETENSORS
+                                                           : FERRY_FORMAT_GGUF;
+    }
+    cfg.dtype = ferry_dtype_from_name(dtype);
+    if (cfg.dtype != FERRY_DTYPE_F32 && cfg.dtype != FERRY_DTYPE_F16 &&
+        cfg.dtype != FERRY_DTYPE_BF16 && cfg.dtype != FERRY_DTYPE_Q8_0 &&
+        cfg.dtype != FERRY_DTYPE_Q4_0)
+        return cli_usage_error("gen", "--dtype: '%s' is not f32, f16, bf16, q8_0 or q4_0", dtype);
+    if (size && (rc = cli_arg_size("gen", "size", size, &cfg.target_bytes)) != 0)
+        return rc;
+    if (size && cfg.target_bytes == 0)
+        return cli_usage_error("gen", "--size: must be more than 0");
+    if (seed && (rc = cli_arg_u64("gen", "seed", seed, 0, UINT64_MAX, &cfg.seed)) != 0)
+        return rc;
+    if ((rc = dim_arg("layers", layers, 4096, &cfg.layers)) != 0 ||
+        (rc = dim_arg("dim", dim, 65536, &cfg.dim)) != 0 ||
+        (rc = dim_arg("ff", ff, 262144, &cfg.ff)) != 0 ||
+        (rc = dim_arg("vocab", vocab, 1u << 24, &cfg.vocab)) != 0 ||
+        (rc = dim_arg("heads", heads, 4096, &cfg.heads)) != 0 ||
+        (rc = dim_arg("kv-heads", kv_heads, 4096, &cfg.kv_heads)) != 0)
+        return rc;
+
+    synth_model m;
+    char err[256];
+    rc = synth_plan(&cfg, &m, err, sizeof err);
+    if (rc != 0) {
+        synth_free(&m);
+        return rc == CLI_EXIT_USAGE ? cli_usage_error("gen", "%s", err) : cli_error("%s", err);
+    }
+    char what[160], a[32], b[32];
+    describe(&m, what, sizeof what);
+    if (cfg.target_bytes && !quiet &&
+        fabs((double)m.total_bytes - (double)cfg.target_bytes) > 0.1 * (double)cfg.target_bytes)
+        fprintf(stderr, "ferry gen: note: %s comes to %s, not the %s asked for\n", what,
+                cli_size(m.total_bytes, a), cli_size(cfg.target_bytes, b));
+
+    if (dry) {
+        if (json)
+            print_summary_json(&m, out, 1, 0.0);
+        else
+            printf("%s %s %s: %zu tensors, %s (%llu bytes); %s\n", out ? out : "(dry run)",
+                   ferry_format_name(cfg.format), ferry_dtype_name(cfg.dtype), m.n,
+                   cli_size(m.total_bytes, a), (unsigned long long)m.total_bytes, what);
+        synth_free(&m);
+        return CLI_EXIT_OK;
+    }
+
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+        synth_free(&m);
+        return cli_error("%s: is a folder; -o names the model file to write", out);
+    }
+    double t0 = cli_now();
+    rc = synth_write(&m, out, !quiet && !json);
+    double secs = cli_now() - t0;
+    if (rc == 0) {
+        if (json)
+            print_summary_json(&m, out, 0, secs);
+        else if (!quiet)
+            printf("wrote %s: %s %s, %zu tensors, %s in %.2f s (%.0f MB/s); %s\n", out,
+                   ferry_format_name(cfg.format), ferry_dtype_name(cfg.dtype), m.n,
+                   cli_size(m.total_bytes, a), secs,
+                   secs > 0 ? (double)m.total_bytes / secs / 1e6 : 0.0, what);
+    }
+    synth_free(&m);
+    return rc;
+}
