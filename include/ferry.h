@@ -403,6 +403,18 @@ FERRY_API const char *ferry_errmsg(const ferry *f);
 FERRY_API int ferry_add_device(ferry *f, const char *spec, int *id);
 /* Number of devices, including the cpu. */
 FERRY_API int ferry_device_count(const ferry *f);
+typedef struct ferry_device_info {
+    const char *name;        /* the spec it was opened with ("cpu", "sim:8GiB@25GB/s", "cuda:0") */
+    const char *kind;        /* "cpu", "sim", "cuda" */
+    uint64_t total_bytes;    /* memory the device has */
+    uint64_t free_bytes;     /* memory it reports free now */
+    uint64_t budget;         /* ferry's budget on it (0: no limit) */
+    uint64_t used_bytes;     /* what ferry holds there now */
+    int host_accessible;     /* the CPU reads its memory directly */
+} ferry_device_info;
+
+/* Describes device ID (0 is the cpu). Strings valid until ferry_destroy. */
+FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out);
 /* Sets device ID's budget in bytes (the cpu's budget is the host budget). 0: the default (what
  * the device reports free, minus a margin). */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);

@@ -133,6 +133,30 @@ int ferry_device_count(const ferry *f)
     return f ? f->n_devs : 0;
 }
 
+int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out)
+{
+    if (!f || !out)
+        return FERRY_EINVAL;
+    ferry *m = (ferry *)f;
+    pthread_mutex_lock(&m->lock);
+    int rc = 0;
+    if (id < 0 || id >= f->n_devs) {
+        rc = ferry__fail(&m->err, FERRY_ENOENT, "no device %d (%d devices)", id, f->n_devs);
+    } else {
+        ferry_device *d = f->devs[id].d;
+        memset(out, 0, sizeof *out);
+        out->name = d->name;
+        out->kind = d->kind;
+        out->budget = f->devs[id].budget;
+        out->used_bytes = f->devs[id].used;
+        out->host_accessible = d->host_accessible;
+        if (d->ops->mem_info)
+            d->ops->mem_info(d, &out->free_bytes, &out->total_bytes);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
 int ferry_set_budget(ferry *f, int device, uint64_t bytes)
 {
     if (!f)
