@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -197,6 +198,7 @@ static int read_alpha_tensor(ferry__adapter *a, size_t i, float *out, ferry__err
 #define PEFT_CONFIG_MAX (UINT64_C(1) << 20)
 
 typedef struct peft_config {
+    char *text;         /* the file's bytes: JSON numbers point into them */
     ferry__json root;
     int have_root;
     double alpha;       /* NAN when absent */
@@ -229,7 +231,6 @@ static int peft_config_read(const ferry__adapter *a, peft_config *cfg, ferry__er
     if (!cpath)
         return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     int rc = 0;
-    char *text = NULL;
     int fd = open(cpath, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno != ENOENT)
@@ -247,7 +248,7 @@ static int peft_config_read(const ferry__adapter *a, peft_config *cfg, ferry__er
         goto done;
     }
     size_t len = (size_t)st.st_size, got = 0;
-    text = malloc(len + 1);
+    char *text = cfg->text = malloc(len + 1);
     if (!text) {
         rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto done;
@@ -291,7 +292,6 @@ static int peft_config_read(const ferry__adapter *a, peft_config *cfg, ferry__er
 done:
     if (fd >= 0)
         close(fd);
-    free(text);
     free(cpath);
     return rc;
 }
@@ -566,6 +566,7 @@ static int read_alphas(ferry__adapter *a, const ferry__hmap *stems, ferry__err *
 done:
     if (cfg.have_root)
         ferry__json_free(&cfg.root);
+    free(cfg.text);
     return rc;
 }
 
