@@ -365,6 +365,9 @@ typedef enum ferry_lazy {
     FERRY_LAZY_ON = 2,
 } ferry_lazy;
 
+/* Most devices one tensor's rows can be split over. */
+#define FERRY_MAX_SPLIT 8
+
 /* Default lazy_threshold: 4 GiB. */
 #define FERRY_LAZY_DEFAULT_THRESHOLD (UINT64_C(4) << 30)
 
@@ -379,6 +382,14 @@ typedef struct ferry_policy {
     int lock;                   /* mlock host copies (never lazy ones) */
     int convert;                /* nonzero: the staged copy is converted to compute_dtype */
     ferry_dtype compute_dtype;  /* used only when convert is nonzero */
+    /* Split placement: with n_split >= 2, each 2-D tensor's rows are divided over
+     * split_devices[0..n_split) in proportion to split_weights (0: equal), each device a
+     * contiguous block of whole rows (so quantized blocks are never cut); the tensor's parts are
+     * read with ferry_tensor_get_part. Other tensors of the group go to split_devices[0].
+     * compute_device is ignored when splitting. */
+    int n_split;
+    int split_devices[FERRY_MAX_SPLIT];
+    float split_weights[FERRY_MAX_SPLIT];
 } ferry_policy;
 
 /* Options at creation. Zero-initialised means defaults. */
@@ -467,12 +478,25 @@ FERRY_API int ferry_release_all(ferry *f);
  * Never blocks on I/O. */
 FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
 /* The data pointer of a prepared tensor on its compute device (a device address for accelerators),
- * NULL when T is not prepared. */
+ * NULL when T is not prepared or is split over several devices (see ferry_tensor_get_part). */
 FERRY_API void *ferry_tensor_data(const ferry_tensor *t);
 /* Bytes at ferry_tensor_data (differs from the file's size when converted). */
 FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);
 /* dtype at ferry_tensor_data. */
 FERRY_API ferry_dtype ferry_tensor_dtype(const ferry_tensor *t);
+
+/* One device's block of a tensor: rows [row0, row0 + n_rows) of the row view, at DATA on DEVICE. */
+typedef struct ferry_tensor_part {
+    int device;
+    uint64_t row0, n_rows;
+    void *data;          /* NULL when not prepared */
+    uint64_t nbytes;
+} ferry_tensor_part;
+
+/* Number of parts of T: 1 unless its group splits it over several devices. */
+FERRY_API int ferry_tensor_part_count(const ferry_tensor *t);
+/* Part I of T (0-based); for an unsplit tensor part 0 is the whole tensor. */
+FERRY_API int ferry_tensor_get_part(const ferry_tensor *t, int i, ferry_tensor_part *out);
 
 /* Copies N bytes at byte OFF of prepared tensor T's data (on whatever device it is) into host
  * memory DST: verification and debugging. FERRY_EINVAL when T is not prepared or the range is
@@ -602,8 +626,9 @@ typedef struct ferry_plan_totals {
 } ferry_plan_totals;
 
 /* Dry run: the placement of every tensor and the byte totals the real load produces, with no
- * allocation and no I/O. OUT (may be NULL) receives ferry_catalog_count entries, allocated with
- * malloc: free(*out) when done (strings belong to the manager). */
+ * allocation and no I/O. OUT (may be NULL) receives one entry per placed tensor (a split tensor
+ * gives one entry per part, named "NAME[ROW0:ROW1]"; ignored tensors none), allocated with malloc:
+ * free(*out) when done (strings belong to the manager); *N their number. */
 FERRY_API int ferry_plan(ferry *f, ferry_placement **out, size_t *n, ferry_plan_totals *totals);
 
 typedef struct ferry_stats {

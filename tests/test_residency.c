@@ -467,6 +467,69 @@ static void test_dry_run(const char *dev_spec)
         }
 }
 
+static void test_split(void)
+{
+    ferry *f = ferry_create(NULL);
+    int a, b;
+    CHECK_EQ_INT(ferry_add_device(f, "sim:64MiB", &a), 0);
+    CHECK_EQ_INT(ferry_add_device(f, "sim:64MiB@4GB/s", &b), 0);
+    CHECK_EQ_INT(ferry_open(f, g_gguf, NULL), 0);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .n_split = 2,
+                      .split_devices = {a, b}, .split_weights = {1, 3}};
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    size_t n;
+    ferry_tensor **ts = all_tensors(f, &n);
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
+        int ok = 1;
+        for (size_t i = 0; i < n; i++) {
+            ferry_tensor_info info;
+            ferry_tensor_get_info(ts[i], &info);
+            int parts = ferry_tensor_part_count(ts[i]);
+            if (info.ndim == 2) {
+                CHECK_EQ_INT(parts, 2);
+                ferry_tensor_part p0, p1;
+                CHECK_EQ_INT(ferry_tensor_get_part(ts[i], 0, &p0), 0);
+                CHECK_EQ_INT(ferry_tensor_get_part(ts[i], 1, &p1), 0);
+                /* contiguous blocks of whole rows, a quarter on the first device */
+                CHECK_EQ_INT(p0.row0, 0);
+                CHECK_EQ_INT(p1.row0, p0.n_rows);
+                CHECK_EQ_INT(p0.n_rows + p1.n_rows, info.n_rows);
+                CHECK(p0.n_rows * 4 >= info.n_rows - 2 && p0.n_rows * 4 <= info.n_rows + 2);
+                CHECK_EQ_INT(p0.device, a);
+                CHECK_EQ_INT(p1.device, b);
+                CHECK(p0.data != NULL && p1.data != NULL);
+                CHECK_EQ_INT(p0.nbytes + p1.nbytes, info.nbytes);
+                CHECK(ferry_tensor_data(ts[i]) == NULL); /* split: use the parts */
+            } else {
+                CHECK_EQ_INT(parts, 1);
+            }
+            /* every block's bytes equal the file's */
+            void *want = fixture_pread(info.file, info.offset, info.nbytes);
+            void *got = malloc(info.nbytes);
+            ok &= want && got && ferry_tensor_read(f, ts[i], 0, info.nbytes, got) == 0 &&
+                  memcmp(want, got, info.nbytes) == 0;
+            free(want), free(got);
+        }
+        CHECK(ok);
+        CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+    }
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    CHECK(st.peak_bytes[a] > 0 && st.peak_bytes[b] > 2 * st.peak_bytes[a]);
+    /* the dry run lists the parts and agrees with the real placement */
+    ferry_plan_totals tot;
+    size_t np;
+    ferry_placement *pl;
+    CHECK_EQ_INT(ferry_plan(f, &pl, &np, &tot), 0);
+    CHECK(np > n);
+    free(pl);
+    CHECK_EQ_INT(st.resident_bytes[a], tot.staged_bytes[a]);
+    CHECK_EQ_INT(st.resident_bytes[b], tot.staged_bytes[b]);
+    free(ts);
+    ferry_destroy(f);
+}
+
 int main(void)
 {
     const char *dir = check_tmpdir("residency");
@@ -499,6 +562,7 @@ int main(void)
     test_conversion();
     test_dry_run("cpu");
     test_dry_run("sim:64MiB");
+    test_split();
     check_rmdir(dir);
     return check_finish();
 }

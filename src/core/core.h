@@ -92,7 +92,8 @@ typedef struct ferry__expect_rec {
 
 struct ferry_tensor {
     ferry *owner;
-    uint32_t id;              /* index in the catalog and in ferry.tensors */
+    uint32_t id;              /* index in the catalog and in ferry.tensors (a part: its parent's) */
+    uint32_t uid;             /* index in ferry.all: the schedule's and eviction's numbering */
     ferry_tensor_info info;   /* from the catalog; strings owned by the catalog */
     const ferry__iofile *file;
     int group;                /* index into ferry.groups; -1 before binding */
@@ -122,6 +123,15 @@ struct ferry_tensor {
 
     int refs;                 /* prepares minus releases */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
+
+    /* split placement: a parent has parts (its own copies stay empty); a part has a parent,
+     * its rows start at row_base, and it is computed on dev_override */
+    ferry_tensor **parts;
+    int n_parts;
+    ferry_tensor *parent;
+    uint64_t row_base;
+    int dev_override;         /* -1: the policy's compute device */
+    char *own_name;           /* a part's name, owned */
 
     /* expectation */
     int has_expect;
@@ -164,8 +174,10 @@ struct ferry {
     ferry_options opt;
 
     ferry_catalog *cat;
-    ferry_tensor **tensors;   /* by id */
+    ferry_tensor **tensors;   /* by id (catalog index) */
     size_t n_tensors;
+    ferry_tensor **all;       /* by uid: catalog tensors and split parts */
+    size_t n_all, cap_all;
     ferry__hmap expected_missing; /* names expected but absent: key owned by missing_names */
     char **missing_names;     /* owned; expectations of tensors not (yet) opened */
     ferry__expect_rec *missing_expect;
@@ -238,6 +250,8 @@ static inline int ferry__tracing(const ferry *f)
 
 /* policy.c */
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);
+/* Appends T to ferry.all, giving it its uid. */
+int ferry__register(ferry *f, ferry_tensor *t);
 /* Decides the placement of T from its policy and size alone (never from the load mode for
  * laziness, never from whether this is a dry run). Fills t->lazy, zero_copy, compute_dev,
  * out_dtype, out_bytes. */
@@ -247,6 +261,8 @@ uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted);
 /* Bytes a device (non-host) copy of T takes. */
 uint64_t ferry__dev_alloc_size(const ferry_tensor *t);
 ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t);
+/* The device T is computed on (a split part's own device). */
+int ferry__compute_device_of(const ferry *f, const ferry_tensor *t);
 /* Fixes T's group, ignore/optional flags and placement (no-op when already bound). */
 int ferry__bind(ferry *f, ferry_tensor *t);
 /* After a rule change: unbinds every unused tensor; with CHECK_ONLY, fails with FERRY_EBUSY

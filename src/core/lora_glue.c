@@ -64,9 +64,29 @@ static int apply_set_change(ferry *f)
             t->n_terms++;
         }
     }
-    for (size_t i = 0; i < f->n_tensors; i++) {
+    /* Parts apply their parent's terms to their own rows. */
+    for (size_t i = 0; i < f->n_tensors && !rc; i++) {
         ferry_tensor *t = f->tensors[i];
-        if (!had[i] && !t->n_terms)
+        for (int k = 0; k < t->n_parts; k++) {
+            ferry_tensor *c = t->parts[k];
+            free(c->terms);
+            c->terms = NULL;
+            c->n_terms = 0;
+            if (!t->n_terms)
+                continue;
+            c->terms = malloc(t->n_terms * sizeof *c->terms);
+            if (!c->terms) {
+                rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+                break;
+            }
+            memcpy(c->terms, t->terms, t->n_terms * sizeof *c->terms);
+            c->n_terms = t->n_terms;
+        }
+    }
+    for (size_t i = 0; i < f->n_all; i++) {
+        ferry_tensor *t = f->all[i];
+        int had_terms = t->parent ? had[t->parent->id] : had[t->id];
+        if (!had_terms && !t->n_terms)
             continue;
         if (t->refs > 0 || t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING) {
             t->stale = 1; /* dropped at its last release or when its job finishes */
@@ -149,10 +169,10 @@ void ferry__lora_free_all(ferry *f)
     free(f->adapters);
     f->adapters = NULL;
     f->n_adapters = 0;
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        free(f->tensors[i]->terms);
-        f->tensors[i]->terms = NULL;
-        f->tensors[i]->n_terms = 0;
+    for (size_t i = 0; i < f->n_all; i++) {
+        free(f->all[i]->terms);
+        f->all[i]->terms = NULL;
+        f->all[i]->n_terms = 0;
     }
 }
 

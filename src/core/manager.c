@@ -58,12 +58,15 @@ void ferry_destroy(ferry *f)
     if (f->io)
         ferry__io_destroy(f->io);
     ferry__lora_free_all(f);
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        ferry_tensor *t = f->tensors[i];
+    for (size_t i = 0; i < f->n_all; i++) {
+        ferry_tensor *t = f->all[i];
         ferry__drop_copy(f, t, &t->comp);
         ferry__drop_copy(f, t, &t->host);
+        free(t->parts);
+        free(t->own_name);
         free(t);
     }
+    free(f->all);
     free(f->tensors);
     for (int d = 0; d < f->n_devs; d++) {
         ferry__pool_trim(f, d, UINT64_MAX);
@@ -194,7 +197,7 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
     }
     size_t after = ferry_catalog_count(f->cat);
     ferry_tensor **ts = realloc(f->tensors, (after ? after : 1) * sizeof *ts);
-    if (!ts || ferry__sched_resize(&f->sched, after)) {
+    if (!ts) {
         if (ts)
             f->tensors = ts;
         pthread_mutex_unlock(&f->lock);
@@ -210,6 +213,12 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
         }
         t->id = (uint32_t)i;
         t->owner = f;
+        t->dev_override = -1;
+        if (ferry__register(f, t)) {
+            free(t);
+            pthread_mutex_unlock(&f->lock);
+            return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
+        }
         ferry_catalog_tensor(f->cat, i, &t->info);
         t->file = ferry__catalog_file(f->cat, ferry__catalog_tensor_file(f->cat, i));
         t->group = -1;
@@ -360,8 +369,8 @@ int ferry_group_remove(ferry *f, const char *name)
     /* Wait for jobs on its tensors to finish; a job never outlives its tensor's memory. */
     for (;;) {
         int busy = 0;
-        for (size_t i = 0; i < f->n_tensors && !busy; i++) {
-            ferry_tensor *t = f->tensors[i];
+        for (size_t i = 0; i < f->n_all && !busy; i++) {
+            ferry_tensor *t = f->all[i];
             busy = t->group == g && (t->comp.state == FERRY__LOADING ||
                                      t->host.state == FERRY__LOADING);
         }
@@ -369,8 +378,8 @@ int ferry_group_remove(ferry *f, const char *name)
             break;
         pthread_cond_wait(&f->cond, &f->lock);
     }
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        ferry_tensor *t = f->tensors[i];
+    for (size_t i = 0; i < f->n_all; i++) {
+        ferry_tensor *t = f->all[i];
         if (t->group != g)
             continue;
         ferry__drop_copy(f, t, &t->comp);

@@ -121,15 +121,15 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
     ferry_tensor *best = NULL;
     uint64_t best_score = 0;
     int sched = f->sched.complete;
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        ferry_tensor *t = f->tensors[i];
+    for (size_t i = 0; i < f->n_all; i++) {
+        ferry_tensor *t = f->all[i];
         const ferry__copy *c = &t->comp;
         if (c->state != FERRY__READY || c->permanent || c->mapped || c->dev != dev ||
             t->refs > 0 || !c->mem.base)
             continue;
         uint64_t score;
         if (sched) {
-            score = ferry__sched_distance(&f->sched, t->id);
+            score = ferry__sched_distance(&f->sched, t->uid);
             if (score <= min_dist)
                 continue;
         } else {

@@ -8,86 +8,100 @@
 
 #include "core/core.h"
 
+/* The placement of one residency unit (a tensor, or one part of a split tensor). */
+static ferry_placement place(ferry *f, ferry_tensor *t, ferry_plan_totals *tot)
+{
+    ferry_placement p;
+    memset(&p, 0, sizeof p);
+    p.name = t->info.name;
+    p.group = t->group >= 0 ? f->groups[t->group].name : "default";
+    p.home = ferry__effective_home(f, t);
+    p.compute_device = t->compute_dev;
+    p.lazy = t->lazy;
+    p.zero_copy = t->zero_copy;
+    int host_compute = f->devs[t->compute_dev].d->host_accessible;
+    int converted = ferry__transformed(t);
+    if (t->lazy) {
+        tot->mapped_bytes += t->info.nbytes;
+    } else if (host_compute && t->merge) {
+        p.compute_bytes = ferry__host_alloc_size(t, 1);
+        tot->staged_bytes[FERRY__HOST] += p.compute_bytes;
+        if (p.home == FERRY_HOME_HOST && !t->zero_copy) {
+            p.home_bytes = ferry__host_alloc_size(t, 0);
+            tot->host_bytes += p.home_bytes;
+        } else if (p.home == FERRY_HOME_HOST) {
+            tot->mapped_bytes += t->info.nbytes;
+        } else {
+            tot->disk_bytes += t->info.nbytes;
+        }
+    } else if (host_compute) {
+        if (p.home == FERRY_HOME_HOST) {
+            if (t->zero_copy) {
+                tot->mapped_bytes += t->info.nbytes;
+            } else {
+                p.home_bytes = ferry__host_alloc_size(t, converted);
+                tot->host_bytes += p.home_bytes;
+            }
+        } else {
+            p.compute_bytes = ferry__host_alloc_size(t, converted);
+            tot->disk_bytes += t->info.nbytes;
+            tot->staged_bytes[FERRY__HOST] += p.compute_bytes;
+        }
+    } else {
+        p.compute_bytes = ferry__dev_alloc_size(t);
+        if (p.home == FERRY_HOME_HOST) {
+            if (t->zero_copy) {
+                tot->mapped_bytes += t->info.nbytes;
+            } else {
+                p.home_bytes = ferry__host_alloc_size(t, 0);
+                tot->host_bytes += p.home_bytes;
+            }
+            tot->staged_bytes[t->compute_dev] += p.compute_bytes;
+        } else if (p.home == FERRY_HOME_DEVICE && !t->merge) {
+            p.home_bytes = p.compute_bytes;
+            p.compute_bytes = 0;
+            tot->device_bytes[t->compute_dev] += p.home_bytes;
+        } else {
+            tot->disk_bytes += t->info.nbytes;
+            tot->staged_bytes[t->compute_dev] += p.compute_bytes;
+        }
+    }
+    return p;
+}
+
 int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals *totals)
 {
     if (!f)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     ferry_placement *pl = NULL;
-    if (out && !(pl = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *pl))) {
+    /* Bind first: binding may split tensors into parts, which the loop below then lists. */
+    int rc = 0;
+    for (size_t i = 0; i < f->n_tensors && !rc; i++)
+        if (!f->tensors[i]->removed)
+            rc = ferry__bind(f, f->tensors[i]);
+    if (rc) {
+        pthread_mutex_unlock(&f->lock);
+        return rc;
+    }
+    if (out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl))) {
         pthread_mutex_unlock(&f->lock);
         return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
     }
     ferry_plan_totals tot;
     memset(&tot, 0, sizeof tot);
     size_t n = 0;
-    int rc = 0;
-    for (size_t i = 0; i < f->n_tensors && !rc; i++) {
+    /* File order; a split tensor's parts in its place. */
+    for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
-        if (t->removed)
+        if (t->removed || t->ignored)
             continue;
-        if ((rc = ferry__bind(f, t)) != 0)
-            break;
-        if (t->ignored)
-            continue;
-        ferry_placement p;
-        memset(&p, 0, sizeof p);
-        p.name = t->info.name;
-        p.group = t->group >= 0 ? f->groups[t->group].name : "default";
-        p.home = ferry__effective_home(f, t);
-        p.compute_device = t->compute_dev;
-        p.lazy = t->lazy;
-        p.zero_copy = t->zero_copy;
-        int host_compute = f->devs[t->compute_dev].d->host_accessible;
-        int converted = ferry__transformed(t);
-        if (t->lazy) {
-            tot.mapped_bytes += t->info.nbytes;
-        } else if (host_compute && t->merge) {
-            p.compute_bytes = ferry__host_alloc_size(t, 1);
-            tot.staged_bytes[FERRY__HOST] += p.compute_bytes;
-            if (p.home == FERRY_HOME_HOST && !t->zero_copy) {
-                p.home_bytes = ferry__host_alloc_size(t, 0);
-                tot.host_bytes += p.home_bytes;
-            } else if (p.home == FERRY_HOME_HOST) {
-                tot.mapped_bytes += t->info.nbytes;
-            } else {
-                tot.disk_bytes += t->info.nbytes;
-            }
-        } else if (host_compute) {
-            if (p.home == FERRY_HOME_HOST) {
-                if (t->zero_copy) {
-                    tot.mapped_bytes += t->info.nbytes;
-                } else {
-                    p.home_bytes = ferry__host_alloc_size(t, converted);
-                    tot.host_bytes += p.home_bytes;
-                }
-            } else {
-                p.compute_bytes = ferry__host_alloc_size(t, converted);
-                tot.disk_bytes += t->info.nbytes;
-                tot.staged_bytes[FERRY__HOST] += p.compute_bytes;
-            }
-        } else {
-            p.compute_bytes = ferry__dev_alloc_size(t);
-            if (p.home == FERRY_HOME_HOST) {
-                if (t->zero_copy) {
-                    tot.mapped_bytes += t->info.nbytes;
-                } else {
-                    p.home_bytes = ferry__host_alloc_size(t, 0);
-                    tot.host_bytes += p.home_bytes;
-                }
-                tot.staged_bytes[t->compute_dev] += p.compute_bytes;
-            } else if (p.home == FERRY_HOME_DEVICE && !t->merge) {
-                p.home_bytes = p.compute_bytes;
-                p.compute_bytes = 0;
-                tot.device_bytes[t->compute_dev] += p.home_bytes;
-            } else {
-                tot.disk_bytes += t->info.nbytes;
-                tot.staged_bytes[t->compute_dev] += p.compute_bytes;
-            }
+        for (int k = 0; k < (t->n_parts ? t->n_parts : 1); k++) {
+            ferry_placement p = place(f, t->n_parts ? t->parts[k] : t, &tot);
+            if (pl)
+                pl[n] = p;
+            n++;
         }
-        if (pl)
-            pl[n] = p;
-        n++;
     }
     pthread_mutex_unlock(&f->lock);
     if (rc) {

@@ -53,12 +53,15 @@ int ferry__decide(ferry *f, ferry_tensor *t)
 {
     const ferry_policy *p = ferry__policy_of(f, t);
     uint64_t threshold = p->lazy_threshold ? p->lazy_threshold : FERRY_LAZY_DEFAULT_THRESHOLD;
-    if (p->compute_device < 0 || p->compute_device >= f->n_devs)
+    int dev = ferry__compute_device_of(f, t);
+    if (dev < 0 || dev >= f->n_devs)
         return ferry__fail(&f->err, FERRY_EINVAL,
                            "tensor '%s': group policy names device %d, but only %d devices exist",
-                           t->info.name, p->compute_device, f->n_devs);
-    t->lazy = p->lazy == FERRY_LAZY_ON || (p->lazy == FERRY_LAZY_AUTO && t->info.nbytes >= threshold);
-    t->compute_dev = p->compute_device;
+                           t->info.name, dev, f->n_devs);
+    /* A part's laziness is its parent's: the decision depends on the whole tensor's size. */
+    uint64_t size = t->parent ? t->parent->info.nbytes : t->info.nbytes;
+    t->lazy = p->lazy == FERRY_LAZY_ON || (p->lazy == FERRY_LAZY_AUTO && size >= threshold);
+    t->compute_dev = dev;
     t->out_dtype = t->info.dtype;
     t->out_bytes = t->info.nbytes;
     if (p->convert && !t->lazy && p->compute_dtype != t->info.dtype) {
@@ -87,26 +90,120 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     return 0;
 }
 
+int ferry__compute_device_of(const ferry *f, const ferry_tensor *t)
+{
+    const ferry_policy *p = ferry__policy_of(f, t);
+    if (t->dev_override >= 0)
+        return t->dev_override;
+    return p->n_split >= 2 ? p->split_devices[0] : p->compute_device;
+}
+
 ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t)
 {
     const ferry_policy *p = ferry__policy_of(f, t);
-    int dev = p->compute_device;
+    int dev = ferry__compute_device_of(f, t);
     int host_side = dev < 0 || dev >= f->n_devs || f->devs[dev].d->host_accessible;
     if (p->home == FERRY_HOME_DEVICE && host_side)
         return FERRY_HOME_HOST;
     return p->home;
 }
 
+int ferry__register(ferry *f, ferry_tensor *t)
+{
+    if (f->n_all == f->cap_all) {
+        size_t cap = f->cap_all ? f->cap_all * 2 : 256;
+        ferry_tensor **all = realloc(f->all, cap * sizeof *all);
+        if (!all)
+            return FERRY_ENOMEM;
+        f->all = all;
+        f->cap_all = cap;
+    }
+    if (ferry__sched_resize(&f->sched, f->n_all + 1))
+        return FERRY_ENOMEM;
+    t->uid = (uint32_t)f->n_all;
+    f->all[f->n_all++] = t;
+    return 0;
+}
+
+/* Splits T's rows over the policy's devices: contiguous blocks of whole rows, sizes in
+ * proportion to the weights (rounded so that they add up). Parts are made once and kept. */
+static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
+{
+    int k = p->n_split > FERRY_MAX_SPLIT ? FERRY_MAX_SPLIT : p->n_split;
+    double total = 0;
+    for (int i = 0; i < k; i++) {
+        int d = p->split_devices[i];
+        if (d < 0 || d >= f->n_devs)
+            return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': split names device %d of %d",
+                               t->info.name, d, f->n_devs);
+        total += p->split_weights[i] > 0 ? p->split_weights[i] : 1.0;
+    }
+    uint64_t rows = t->info.n_rows, row_bytes = t->info.nbytes / (rows ? rows : 1);
+    ferry_tensor **parts = calloc((size_t)k, sizeof *parts);
+    if (!parts)
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    double acc = 0;
+    uint64_t r0 = 0;
+    for (int i = 0; i < k; i++) {
+        acc += p->split_weights[i] > 0 ? p->split_weights[i] : 1.0;
+        uint64_t r1 = i == k - 1 ? rows : (uint64_t)((double)rows * acc / total + 0.5);
+        if (r1 < r0)
+            r1 = r0;
+        ferry_tensor *c = calloc(1, sizeof *c);
+        char *name = c ? ferry__asprintf("%s[%llu:%llu]", t->info.name, (unsigned long long)r0,
+                                         (unsigned long long)r1)
+                       : NULL;
+        if (!c || !name || ferry__register(f, c)) {
+            free(c), free(name);
+            for (int j = 0; j < i; j++)
+                parts[j]->removed = 1; /* registered: freed with the manager */
+            free(parts);
+            return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        }
+        c->owner = f;
+        c->id = t->id;
+        c->info = t->info;
+        c->info.name = c->own_name = name;
+        c->info.offset = t->info.offset + r0 * row_bytes;
+        c->info.nbytes = (r1 - r0) * row_bytes;
+        c->info.n_rows = r1 - r0;
+        c->info.n_elems = (r1 - r0) * t->info.row_elems;
+        /* 2-D only: the outer dimension is the rows */
+        c->info.shape[t->info.format == FERRY_FORMAT_GGUF ? 1 : 0] = (int64_t)(r1 - r0);
+        c->file = t->file;
+        c->group = t->group;
+        c->parent = t;
+        c->row_base = r0;
+        c->dev_override = p->split_devices[i];
+        parts[i] = c;
+        r0 = r1;
+    }
+    t->parts = parts;
+    t->n_parts = k;
+    return 0;
+}
+
 int ferry__bind(ferry *f, ferry_tensor *t)
 {
     if (t->bound)
         return 0;
-    t->group = match_group(f, t->info.name);
-    t->ignored = matches_any(f->ignore, f->n_ignore, t->info.name);
-    t->optional = matches_any(f->optional, f->n_optional, t->info.name);
+    if (t->parent) {
+        t->group = t->parent->group;
+    } else {
+        t->group = match_group(f, t->info.name);
+        t->ignored = matches_any(f->ignore, f->n_ignore, t->info.name);
+        t->optional = matches_any(f->optional, f->n_optional, t->info.name);
+    }
     int rc = ferry__decide(f, t);
     if (rc)
         return rc;
+    const ferry_policy *p = ferry__policy_of(f, t);
+    if (!t->parent && !t->parts && p->n_split >= 2 && t->info.ndim == 2 && !t->lazy &&
+        t->info.n_rows >= (uint64_t)p->n_split && (rc = make_parts(f, t, p)) != 0)
+        return rc;
+    for (int i = 0; i < t->n_parts; i++)
+        if ((rc = ferry__bind(f, t->parts[i])) != 0)
+            return rc;
     t->bound = 1;
     return 0;
 }
@@ -128,8 +225,11 @@ int ferry__rebind_all(ferry *f, int check_only)
                                    t->group >= 0 ? f->groups[t->group].name : "default");
             continue;
         }
-        if (!check_only && !t->used)
+        if (!check_only && !t->used) {
             t->bound = 0;
+            for (int k = 0; k < t->n_parts; k++)
+                t->parts[k]->bound = 0;
+        }
     }
     return 0;
 }

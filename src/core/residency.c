@@ -247,8 +247,8 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
             if (merging) {
                 rc = ferry__to_f32(in, src, lc->f32, ce);
                 for (size_t k = 0; k < j->n_terms && !rc; k++)
-                    ferry__lora_apply_rows(j->terms[k].pair, j->scales[k], el / cols, ce / cols,
-                                           lc->f32);
+                    ferry__lora_apply_rows(j->terms[k].pair, j->scales[k],
+                                           t->row_base + el / cols, ce / cols, lc->f32);
                 if (!rc)
                     rc = ferry__from_f32(out, lc->f32, cdst, ce);
             } else {
@@ -533,10 +533,10 @@ static void prefetch_ahead(ferry *f)
                        f->inflight_prefetch < FERRY__MAX_PREFETCH;
          k++) {
         uint32_t id = ferry__sched_ahead(&f->sched, k);
-        if (id == FERRY__SCHED_NONE || id >= f->n_tensors)
+        if (id == FERRY__SCHED_NONE || id >= f->n_all)
             break;
-        ferry_tensor *t = f->tensors[id];
-        if (t->removed || t->ignored || t->lazy)
+        ferry_tensor *t = f->all[id];
+        if (t->removed || t->ignored || t->lazy || t->n_parts)
             continue;
         if (ahead >= window)
             break;
@@ -752,6 +752,33 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
     return rc;
 }
 
+/* The residency units of TS: each split tensor's parts in its place. *OUT is TS itself when nothing
+ * is split, else a malloc'd array the caller frees. Lock held; tensors bound. */
+static int expand(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out, size_t *nout)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += ts[i]->n_parts ? (size_t)ts[i]->n_parts : 1;
+    if (total == n) {
+        *out = (ferry_tensor **)ts;
+        *nout = n;
+        return 0;
+    }
+    ferry_tensor **u = malloc(total * sizeof *u);
+    if (!u)
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ts[i]->n_parts)
+            u[k++] = ts[i];
+        for (int p = 0; p < ts[i]->n_parts; p++)
+            u[k++] = ts[i]->parts[p];
+    }
+    *out = u;
+    *nout = total;
+    return 0;
+}
+
 int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     if (!f || (n && !ts))
@@ -760,30 +787,43 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
         rc = usable(f, ts[i]);
+    ferry_tensor **u = NULL;
+    size_t nu = 0;
+    if (!rc)
+        rc = expand(f, ts, n, &u, &nu);
     if (rc) {
         pthread_mutex_unlock(&f->lock);
         return rc;
     }
     for (size_t i = 0; i < n; i++) {
-        ts[i]->refs++;
         ts[i]->used = 1;
         f->stats.prepares++;
-        ferry__sched_touch(&f->sched, ts[i]->id);
+        if (ts[i]->n_parts)
+            ts[i]->refs++;
     }
-    rc = bring(f, ts, n, 0, 1);
+    for (size_t i = 0; i < nu; i++) {
+        u[i]->refs++;
+        u[i]->used = 1;
+        ferry__sched_touch(&f->sched, u[i]->uid);
+    }
+    rc = bring(f, u, nu, 0, 1);
     if (rc) {
+        for (size_t i = 0; i < nu; i++)
+            u[i]->refs--;
         for (size_t i = 0; i < n; i++)
-            ts[i]->refs--;
-        /* A home-disk copy that was loaded for this failed set is not worth keeping. */
+            if (ts[i]->n_parts)
+                ts[i]->refs--;
     } else {
         uint64_t set_bytes = 0;
-        for (size_t i = 0; i < n; i++) {
-            ts[i]->comp.last_use = ++f->clock;
-            set_bytes += ts[i]->out_bytes;
+        for (size_t i = 0; i < nu; i++) {
+            u[i]->comp.last_use = ++f->clock;
+            set_bytes += u[i]->out_bytes;
         }
         f->last_set_bytes = set_bytes;
         prefetch_ahead(f);
     }
+    if (u != ts)
+        free(u);
     pthread_mutex_unlock(&f->lock);
     return rc;
 }
@@ -806,6 +846,13 @@ static void drop_if_unkept(ferry *f, ferry_tensor *t)
         ferry__drop_copy(f, t, &t->comp);
 }
 
+static void release_one(ferry *f, ferry_tensor *t)
+{
+    t->refs--;
+    t->comp.last_use = ++f->clock;
+    drop_if_unkept(f, t);
+}
+
 int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     if (!f || (n && !ts))
@@ -819,9 +866,10 @@ int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
                              t ? t->info.name : "(null)");
             continue;
         }
-        t->refs--;
-        t->comp.last_use = ++f->clock;
-        drop_if_unkept(f, t);
+        release_one(f, t);
+        for (int k = 0; k < t->n_parts; k++)
+            if (t->parts[k]->refs > 0)
+                release_one(f, t->parts[k]);
     }
     pthread_mutex_unlock(&f->lock);
     return rc;
@@ -832,9 +880,9 @@ int ferry_release_all(ferry *f)
     if (!f)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        f->tensors[i]->refs = 0;
-        drop_if_unkept(f, f->tensors[i]);
+    for (size_t i = 0; i < f->n_all; i++) {
+        f->all[i]->refs = 0;
+        drop_if_unkept(f, f->all[i]);
     }
     pthread_mutex_unlock(&f->lock);
     return 0;
@@ -846,16 +894,22 @@ int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     for (size_t i = 0; i < n; i++) {
-        ferry_tensor *t = ts[i];
         ferry__err saved = f->err;
-        if (usable(f, t) || t->lazy || t->comp.state != FERRY__EMPTY) {
+        if (usable(f, ts[i])) {
             f->err = saved;
             continue;
         }
-        uint64_t dist = ferry__sched_distance(&f->sched, t->id);
-        int rc = enqueue(f, t, 0, 1, dist == UINT64_MAX ? 0 : dist);
+        int nparts = ts[i]->n_parts ? ts[i]->n_parts : 1;
+        int stop = 0;
+        for (int k = 0; k < nparts && !stop; k++) {
+            ferry_tensor *t = ts[i]->n_parts ? ts[i]->parts[k] : ts[i];
+            if (t->lazy || t->comp.state != FERRY__EMPTY)
+                continue;
+            uint64_t dist = ferry__sched_distance(&f->sched, t->uid);
+            stop = enqueue(f, t, 0, 1, dist == UINT64_MAX ? 0 : dist) != 0;
+        }
         f->err = saved; /* a hint: what does not fit now is loaded at prepare */
-        if (rc)
+        if (stop)
             break;
     }
     pthread_mutex_unlock(&f->lock);
@@ -889,8 +943,14 @@ int ferry_load_group(ferry *f, const char *group)
     }
     if (!rc && !found)
         rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", group);
+    ferry_tensor **u = NULL;
+    size_t nu = 0;
     if (!rc)
-        rc = bring(f, set, n, 1, 0);
+        rc = expand(f, set, n, &u, &nu);
+    if (!rc)
+        rc = bring(f, u, nu, 1, 0);
+    if (u && u != set)
+        free(u);
     free(set);
     pthread_mutex_unlock(&f->lock);
     return rc;
@@ -907,10 +967,50 @@ void *ferry_tensor_data(const ferry_tensor *t)
     return p;
 }
 
+int ferry_tensor_part_count(const ferry_tensor *t)
+{
+    return t ? (t->n_parts ? t->n_parts : 1) : 0;
+}
+
+int ferry_tensor_get_part(const ferry_tensor *t, int i, ferry_tensor_part *out)
+{
+    if (!t || !out || i < 0 || i >= ferry_tensor_part_count(t))
+        return FERRY_EINVAL;
+    const ferry_tensor *u = t->n_parts ? t->parts[i] : t;
+    ferry *f = t->owner;
+    pthread_mutex_lock(&f->lock);
+    out->device = u->compute_dev;
+    out->row0 = u->row_base;
+    out->n_rows = u->info.n_rows;
+    out->data = u->refs > 0 && u->comp.state == FERRY__READY ? u->comp.ptr : NULL;
+    out->nbytes = u->out_bytes;
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
 int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void *dst)
 {
     if (!f || !t || (n && !dst))
         return FERRY_EINVAL;
+    if (t->n_parts) {
+        /* Parts hold consecutive byte ranges of the staged tensor. */
+        uint64_t base = 0;
+        for (int k = 0; k < t->n_parts && n; k++) {
+            ferry_tensor *c = t->parts[k];
+            uint64_t end = base + c->out_bytes;
+            if (off < end) {
+                uint64_t take = FERRY__MIN(n, end - off);
+                int rc = ferry_tensor_read(f, c, off - base, take, dst);
+                if (rc)
+                    return rc;
+                dst = (unsigned char *)dst + take;
+                off += take;
+                n -= take;
+            }
+            base = end;
+        }
+        return n ? FERRY_EINVAL : 0;
+    }
     pthread_mutex_lock(&f->lock);
     int held = t->refs > 0 && t->comp.state == FERRY__READY;
     const unsigned char *p = held ? t->comp.ptr : NULL;

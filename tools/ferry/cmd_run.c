@@ -305,7 +305,7 @@ int cmd_run(int argc, char **argv)
     }
     for (uint64_t i = 0; i < max_cols; i++)
         x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    int compute = !r.device || strcmp(r.device, "cpu") == 0;
+    int compute = (!r.device || strcmp(r.device, "cpu") == 0) && !r.split;
     int merge_mode = !r.lora_mode || strcmp(r.lora_mode, "merge") == 0;
     const ferry_catalog *cat = ferry_catalog_of(f);
     uint64_t model = ferry_catalog_total_bytes(cat);

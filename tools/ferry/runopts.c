@@ -16,7 +16,9 @@ const char runopts_help[] =
     "  --budget device=SIZE[,host=SIZE]  memory budgets (a bare SIZE is the device's)\n"
     "  --compute-dtype T      stage weights converted to T (f32, f16, bf16, q8_0, q4_0)\n"
     "  -a, --adapter PATH[:MULT]  merge a LoRA adapter (repeatable)\n"
-    "  --lora-mode merge|runtime  merge adapters at staging, or hand factors to the engine\n";
+    "  --lora-mode merge|runtime  merge adapters at staging, or hand factors to the engine\n"
+    "  --split SPEC,SPEC[:WEIGHT]  divide each 2-D weight's rows over several devices\n"
+    "                         (e.g. sim:4GiB,sim:4GiB:3 puts a quarter on the first)\n";
 
 void runopts_add(runopts *r, cli_opt *opts, size_t *n)
 {
@@ -27,6 +29,7 @@ void runopts_add(runopts *r, cli_opt *opts, size_t *n)
     opts[(*n)++] = (cli_opt){"budget", 0, CLI_OPT_STRING, &r->budget};
     opts[(*n)++] = (cli_opt){"compute-dtype", 0, CLI_OPT_STRING, &r->compute_dtype};
     opts[(*n)++] = (cli_opt){"lora-mode", 0, CLI_OPT_STRING, &r->lora_mode};
+    opts[(*n)++] = (cli_opt){"split", 0, CLI_OPT_STRING, &r->split};
 }
 
 int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv)
@@ -139,6 +142,49 @@ int runopts_parse(const char *cmd, runopts *r)
     return 0;
 }
 
+/* Adds the devices of --split and fills the policy's split. A trailing ":WEIGHT" is a number after
+ * the spec's own colons: cpu:W, sim:CAP:W, cuda:N:W. */
+static int add_split(runopts *r, ferry *f)
+{
+    char *copy = strdup(r->split), *save = NULL;
+    int rc = 0, k = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+        if (k >= FERRY_MAX_SPLIT) {
+            rc = cli_error("--split: at most %d devices", FERRY_MAX_SPLIT);
+            break;
+        }
+        int colons = 0;
+        for (char *c = tok; *c; c++)
+            colons += *c == ':';
+        int own = strncmp(tok, "cpu", 3) == 0 ? 0 : 1;
+        float w = 0;
+        char *last = strrchr(tok, ':');
+        if (last && colons > own) {
+            char *end;
+            double v = strtod(last + 1, &end);
+            if (*end || !(v > 0)) {
+                rc = cli_error("--split: bad weight '%s' in '%s'", last + 1, tok);
+                break;
+            }
+            w = (float)v;
+            *last = 0;
+        }
+        int dev = 0;
+        if (strcmp(tok, "cpu") != 0 && ferry_add_device(f, tok, &dev)) {
+            rc = cli_error("%s", ferry_errmsg(f));
+            break;
+        }
+        r->policy.split_devices[k] = dev;
+        r->policy.split_weights[k] = w;
+        k++;
+    }
+    r->policy.n_split = k;
+    if (!rc && k)
+        r->policy.compute_device = r->policy.split_devices[0];
+    free(copy);
+    return rc;
+}
+
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
 {
     ferry_options o = {0};
@@ -153,6 +199,10 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
         return CLI_EXIT_FAIL;
     }
     r->policy.compute_device = dev;
+    if (r->split && add_split(r, f)) {
+        ferry_destroy(f);
+        return CLI_EXIT_FAIL;
+    }
     if (r->have_device_budget && dev && ferry_set_budget(f, dev, r->device_budget)) {
         cli_error("%s", ferry_errmsg(f));
         ferry_destroy(f);

@@ -11,7 +11,7 @@
 #define RUNOPTS_MAX_ADAPTERS 8
 
 typedef struct runopts {
-    const char *device, *home, *load, *lazy, *budget, *compute_dtype, *lora_mode;
+    const char *device, *home, *load, *lazy, *budget, *compute_dtype, *lora_mode, *split;
     const char *adapters[RUNOPTS_MAX_ADAPTERS];
     int n_adapters;
     /* parsed */
