@@ -80,7 +80,7 @@ enum {
     FERRY_ECANCELED = -21,   /* the work was cancelled (close while in flight) */
     FERRY_EUNSUPPORTED = -22,/* the operation is not supported in this configuration */
     FERRY_ELORA = -23,       /* an adapter does not fit its base tensors */
-    FERRY_EMISMATCH = -24,   /* data differs from what was expected (verification) */
+    FERRY_EMISMATCH = -24,   /* data differs from what was expected (reserved for verification) */
 };
 
 /* A short static description of an error code ("truncated file"). Never NULL. */
@@ -450,8 +450,9 @@ FERRY_API int ferry_optional(ferry *f, const char *pattern);
  * FERRY_EBUSY while any of them is prepared. */
 FERRY_API int ferry_group_remove(ferry *f, const char *name);
 
-/* The tensor named NAME, or NULL when absent or ignored. Valid until ferry_destroy or until its
- * group is removed. */
+/* The tensor named NAME, or NULL when absent, ignored, or its placement is impossible (a
+ * conversion ferry cannot do, a required adapter it cannot merge: ferry_errmsg says why). Valid
+ * until ferry_destroy or until its group is removed. */
 FERRY_API ferry_tensor *ferry_find(ferry *f, const char *name);
 /* Description of T (strings valid as long as T). */
 FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *out);
@@ -469,8 +470,10 @@ FERRY_API int ferry_validate(ferry *f);
  * counted: a tensor prepared twice must be released twice. On failure no tensor of TS is held.
  * Thread-safe. */
 FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
-/* Drops one reference of each tensor of TS. Released bytes stay cached until the budget needs
- * the room (home disk) or stay at home (host, device). */
+/* Drops one reference of each tensor of TS. Home copies (host, device) stay; a staged copy on an
+ * accelerator stays cached until its device's budget needs the room; a home-disk copy on the host
+ * stays cached only when a host budget is set (ferry_options.host_budget or ferry_set_budget on
+ * device 0) — with no host budget nothing of it is kept. */
 FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops every reference of every tensor. */
 FERRY_API int ferry_release_all(ferry *f);
@@ -478,7 +481,9 @@ FERRY_API int ferry_release_all(ferry *f);
  * Never blocks on I/O. */
 FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
 /* The data pointer of a prepared tensor on its compute device (a device address for accelerators),
- * NULL when T is not prepared or is split over several devices (see ferry_tensor_get_part). */
+ * NULL when T is not prepared or is split over several devices (see ferry_tensor_get_part).
+ * A lazy tensor is always host memory behind the file mapping, whatever its compute device (as
+ * llama.cpp's lazy tensors), and is never converted. */
 FERRY_API void *ferry_tensor_data(const ferry_tensor *t);
 /* Bytes at ferry_tensor_data (differs from the file's size when converted). */
 FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);

@@ -75,6 +75,10 @@ struct ferry_device {
 /* Opens a device from its spec ("cpu", "sim:8GiB", "sim:8GiB@25GB/s,fail_alloc=3", "cuda:0").
  * On failure *out is NULL and ERRMSG (ERRLEN bytes) says why (for cuda: library or GPU missing). */
 FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errmsg, size_t errlen);
+/* Hands a device of the caller's own implementation to manager F (declared in ferry.h as
+ * `struct ferry`): F owns it from then on and destroys it in ferry_destroy. alloc, free, copy_h2d
+ * and wait are required; the other members may be NULL. *ID receives its id. */
+FERRY_API int ferry_add_device_custom(struct ferry *f, ferry_device *d, int *id);
 /* d->ops->destroy(d); NULL is a no-op. */
 FERRY_API void ferry_device_close(ferry_device *d);
 

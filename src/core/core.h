@@ -171,6 +171,8 @@ struct ferry {
     pthread_cond_t cond;      /* a tensor changed state, a job finished */
     pthread_cond_t work;      /* a job was queued, or closing */
     ferry__err err;
+    char *long_msg;           /* ferry_validate's whole report (err.msg holds what fits) */
+    size_t long_msg_len;
     ferry_options opt;
 
     ferry_catalog *cat;
@@ -278,8 +280,10 @@ void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
 void ferry__shrink(ferry *f, int dev);
 
 /* manager.c */
-/* Checks T's expectation, writing the problems into f->err; 0 when it fits. */
+/* Checks T's expectation, writing the problems into f->err; 0 when it fits (f->err untouched). */
 int ferry__check_expect(ferry *f, const ferry_tensor *t);
+/* ferry__fail on f->err taking the lock (for calls that run without it). */
+int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* residency.c */
 int ferry__loaders_start(ferry *f);

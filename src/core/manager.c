@@ -4,6 +4,7 @@
  * Residency (prepare/release/prefetch and the loaders) is in residency.c, memory accounting in
  * memory.c, placement decisions in policy.c, the dry run in plan.c.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,7 @@ void ferry_destroy(ferry *f)
         free(f->missing_names[i]);
     free(f->missing_names);
     free(f->missing_expect);
+    free(f->long_msg);
     ferry__sched_free(&f->sched);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
@@ -100,8 +102,17 @@ void ferry_destroy(ferry *f)
 
 const char *ferry_errmsg(const ferry *f)
 {
-    return f ? f->err.msg : "no manager";
+    if (!f)
+        return "no manager";
+    /* validate's full report, while the error buffer still holds its (cut) beginning */
+    size_t n = strlen(f->err.msg);
+    if (f->long_msg && f->long_msg_len > n && n && strncmp(f->long_msg, f->err.msg, n) == 0)
+        return f->long_msg;
+    return f->err.msg;
 }
+
+static int add_device(ferry *f, ferry_device *d, int rc, const char *spec, const char *msg,
+                      int *id);
 
 int ferry_add_device(ferry *f, const char *spec, int *id)
 {
@@ -110,6 +121,20 @@ int ferry_add_device(ferry *f, const char *spec, int *id)
     char msg[256] = "";
     ferry_device *d = NULL;
     int rc = ferry_device_open(spec, &d, msg, sizeof msg);
+    return add_device(f, d, rc, spec, msg, id);
+}
+
+int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
+{
+    if (!f || !d || !d->ops || !d->ops->alloc || !d->ops->free || !d->ops->copy_h2d ||
+        !d->ops->wait)
+        return FERRY_EINVAL;
+    return add_device(f, d, 0, d->name, "", id);
+}
+
+static int add_device(ferry *f, ferry_device *d, int rc, const char *spec, const char *msg,
+                      int *id)
+{
     pthread_mutex_lock(&f->lock);
     if (rc) {
         ferry__fail(&f->err, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
@@ -460,10 +485,23 @@ static int check_expect(ferry__err *rep, const ferry_tensor *t, int append)
 
 int ferry__check_expect(ferry *f, const ferry_tensor *t)
 {
-    if (!t->has_expect)
+    if (!t->has_expect || !check_expect(NULL, t, 0))
         return 0;
     ferry__err_clear(&f->err);
     return check_expect(&f->err, t, 1);
+}
+
+int ferry__fail_lock(ferry *f, int code, const char *fmt, ...)
+{
+    char msg[FERRY__ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&f->lock);
+    ferry__fail(&f->err, code, "%s", msg);
+    pthread_mutex_unlock(&f->lock);
+    return code;
 }
 
 int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
@@ -530,15 +568,21 @@ int ferry_validate(ferry *f)
         return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
     }
     ferry__err_clear(rep);
+    ferry__buf long_rep = {0};
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         if (t->removed)
             continue;
+        ferry__err one = {0};
         int rc = ferry__bind(f, t);
         if (rc)
-            ferry__fail_append(rep, rc, "%s", f->err.msg);
+            ferry__fail_append(&one, rc, "%s", f->err.msg);
         else if (!t->ignored)
-            check_expect(rep, t, 1);
+            check_expect(&one, t, 1);
+        if (one.code) {
+            ferry__fail_append(rep, one.code, "%s", one.msg);
+            ferry__buf_printf(&long_rep, "%s%s", long_rep.len ? "\n" : "", one.msg);
+        }
     }
     for (size_t i = 0; i < f->n_missing; i++) {
         const char *name = f->missing_names[i];
@@ -549,13 +593,19 @@ int ferry_validate(ferry *f)
             ignored |= ferry__glob(f->ignore[k], name);
         for (size_t k = 0; k < f->n_optional; k++)
             optional |= ferry__glob(f->optional[k], name);
-        if (!ignored && !optional)
+        if (!ignored && !optional) {
             ferry__fail_append(rep, FERRY_ENOENT,
                                "tensor '%s': required but not found in any opened file", name);
+            ferry__buf_printf(&long_rep, "%stensor '%s': required but not found in any opened file",
+                              long_rep.len ? "\n" : "", name);
+        }
     }
     f->err = *rep;
     free(rep);
     int rc = f->err.code;
+    free(f->long_msg);
+    f->long_msg = long_rep.p; /* the whole report, when it did not fit the error buffer */
+    f->long_msg_len = long_rep.len;
     pthread_mutex_unlock(&f->lock);
     return rc;
 }
@@ -570,6 +620,21 @@ int ferry_get_stats(const ferry *f, ferry_stats *out)
     for (int d = 0; d < f->n_devs; d++) {
         out->resident_bytes[d] = f->devs[d].used;
         out->peak_bytes[d] = f->devs[d].peak;
+    }
+    out->home_host_bytes = out->home_device_bytes = out->cached_bytes = 0;
+    for (size_t i = 0; i < f->n_all; i++) {
+        const ferry_tensor *t = f->all[i];
+        if (t->host.state == FERRY__READY && !t->host.mapped)
+            out->home_host_bytes += t->host.mem.size;
+        const ferry__copy *c = &t->comp;
+        if (c->state != FERRY__READY || c->mapped)
+            continue;
+        if (c->permanent && c->dev == FERRY__HOST)
+            out->home_host_bytes += c->mem.size;
+        else if (c->permanent)
+            out->home_device_bytes += c->mem.size;
+        else if (!t->refs)
+            out->cached_bytes += c->mem.size;
     }
     out->bytes_read = __atomic_load_n(&f->a_bytes_read, __ATOMIC_RELAXED);
     out->bytes_copied = __atomic_load_n(&f->a_bytes_copied, __ATOMIC_RELAXED);

@@ -33,6 +33,7 @@ typedef struct loader_ctx {
     unsigned char *conv[2];  /* transformed bytes bound for a device */
     float *f32;              /* a chunk as f32, for merges */
     uint64_t cap;            /* bytes each buffer holds */
+    ferry_device *pinned;    /* the device whose host_alloc made stage/conv, or NULL */
     uint64_t ticket[2];
     int pending[2];
 } loader_ctx;
@@ -116,38 +117,60 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 
 /* ---- the transfer pipeline -------------------------------------------------------------------- */
 
-/* Makes every staging buffer at least BYTES long (growing them only between transfers). */
-static int ctx_buffers(loader_ctx *lc, uint64_t bytes)
+static void ctx_release(loader_ctx *lc)
 {
-    if (bytes < FERRY__XFER_CHUNK)
-        bytes = FERRY__XFER_CHUNK;
-    if (lc->cap >= bytes)
-        return 0;
     for (int i = 0; i < 2; i++) {
-        free(lc->stage[i]);
-        free(lc->conv[i]);
+        if (lc->pinned) {
+            ferry__device_host_free(lc->pinned, lc->stage[i]);
+            ferry__device_host_free(lc->pinned, lc->conv[i]);
+        } else {
+            free(lc->stage[i]);
+            free(lc->conv[i]);
+        }
         lc->stage[i] = lc->conv[i] = NULL;
     }
     free(lc->f32);
     lc->f32 = NULL;
     lc->cap = 0;
-    for (int i = 0; i < 2; i++)
-        if (posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN, bytes + 2 * FERRY__IO_ALIGN) ||
-            posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, bytes))
+    lc->pinned = NULL;
+}
+
+/* Makes every staging buffer at least BYTES long, in pinned memory of DEV when the copies go to
+ * a device that has it (DMA from pageable memory is slower and not asynchronous on CUDA). */
+static int ctx_buffers(loader_ctx *lc, uint64_t bytes, ferry_device *dev)
+{
+    if (bytes < FERRY__XFER_CHUNK)
+        bytes = FERRY__XFER_CHUNK;
+    ferry_device *pin = dev && !dev->host_accessible && dev->ops->host_alloc ? dev : NULL;
+    if (lc->cap >= bytes && (lc->pinned == pin || !pin))
+        return 0;
+    ctx_release(lc);
+    uint64_t stage = bytes + 2 * FERRY__IO_ALIGN;
+    for (int i = 0; i < 2; i++) {
+        int rc;
+        if (pin)
+            rc = ferry__device_host_alloc(pin, stage, (void **)&lc->stage[i]) ||
+                 ferry__device_host_alloc(pin, bytes, (void **)&lc->conv[i]);
+        else
+            rc = posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN, stage) ||
+                 posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, bytes);
+        lc->pinned = pin;
+        if (rc) {
+            ctx_release(lc);
             return FERRY_ENOMEM;
-    if (posix_memalign((void **)&lc->f32, FERRY__IO_ALIGN, bytes))
+        }
+    }
+    if (posix_memalign((void **)&lc->f32, FERRY__IO_ALIGN, bytes)) {
+        ctx_release(lc);
         return FERRY_ENOMEM;
+    }
     lc->cap = bytes;
     return 0;
 }
 
 static void ctx_free(loader_ctx *lc)
 {
-    for (int i = 0; i < 2; i++) {
-        free(lc->stage[i]);
-        free(lc->conv[i]);
-    }
-    free(lc->f32);
+    ctx_release(lc);
 }
 
 static int wait_slot(ferry_device *d, loader_ctx *lc, int slot)
@@ -219,7 +242,7 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
     } else {
         step = chunk_elems(in, out);
     }
-    int rc = ctx_buffers(lc, need);
+    int rc = ctx_buffers(lc, need, d);
     if (rc)
         return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
     int slot = 0;
@@ -703,7 +726,8 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
     for (size_t i = 0; i < n && count_stats; i++) {
         /* Only copies that come and go can hit or miss. */
         ferry_tensor *t = ts[i];
-        if (t->lazy || t->comp.permanent || t->comp.mapped)
+        int mapped = t->lazy || (t->zero_copy && host_side(f, t->compute_dev) && !t->merge);
+        if (mapped || t->comp.permanent || t->comp.mapped)
             continue;
         if (t->comp.state == FERRY__EMPTY)
             f->stats.prefetch_misses++;
@@ -1018,9 +1042,9 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     uint64_t size = t->out_bytes;
     pthread_mutex_unlock(&f->lock);
     if (!held)
-        return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s' is not prepared", t->info.name);
+        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s' is not prepared", t->info.name);
     if (off > size || n > size - off)
-        return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
+        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
                            t->info.name, (unsigned long long)off,
                            (unsigned long long)(off + n), (unsigned long long)size);
     ferry_device *d = f->devs[dev].d;
@@ -1031,10 +1055,8 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     int rc = ferry__device_read(d, dst, p + off, n);
     if (rc) {
         char msg[256];
-        pthread_mutex_lock(&f->lock);
-        ferry__fail(&f->err, rc, "%s: tensor '%s': read back failed: %s", d->name, t->info.name,
-                    ferry__device_errmsg(d, msg, sizeof msg));
-        pthread_mutex_unlock(&f->lock);
+        ferry__fail_lock(f, rc, "%s: tensor '%s': read back failed: %s", d->name, t->info.name,
+                         ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
 }
@@ -1068,16 +1090,16 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
         return rc;
     uint64_t row_bytes;
     if (ferry_dtype_nbytes(t->info.dtype, t->info.row_elems, &row_bytes) || !row_bytes)
-        return ferry__fail(&f->err, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",
+        return ferry__fail_lock(f, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",
                            t->info.name);
     /* (row, position in the request) sorted by row, so neighbouring rows become one read. */
     uint64_t *order = malloc((n ? n : 1) * 2 * sizeof *order);
     if (!order)
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         if (rows[i] >= t->info.n_rows) {
             free(order);
-            return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': row %llu of %llu",
+            return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': row %llu of %llu",
                                t->info.name, (unsigned long long)rows[i],
                                (unsigned long long)t->info.n_rows);
         }
@@ -1096,7 +1118,7 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
             j++;
         uint64_t first = order[2 * i], count = order[2 * (j - 1)] - first + 1;
         if (!tmp && !(tmp = malloc(max_run * row_bytes))) {
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
             break;
         }
         rc = ferry__io_read(t->file, t->info.offset + first * row_bytes, count * row_bytes, tmp,
