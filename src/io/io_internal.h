@@ -1,0 +1,54 @@
+/*
+ * io_internal.h — pieces shared by the files of the I/O engine (iofile.c, ioread.c, iopool.c) and
+ * nobody else. The public face of the engine is io.h.
+ */
+#ifndef FERRY_IO_INTERNAL_H
+#define FERRY_IO_INTERNAL_H
+
+#include "io/io.h"
+
+/* AUTO copies a chunk from the mapping when at least this fraction of its pages is resident. */
+#define FERRY__IO_AUTO_CACHED 0.5
+
+/* The most bytes one pread asks for: a multiple of FERRY__IO_ALIGN below Linux's 2 GiB - 4 KiB
+ * cap on a single read. */
+#define FERRY__IO_MAX_SYSCALL (UINT64_C(1) << 30)
+
+/* Reads [off, off+len) of F into DST with MODE. BOUNCE is a FERRY__IO_ALIGN-aligned buffer of
+ * FERRY__IO_ALIGN bytes for the unaligned head and tail of direct reads; it may be NULL when MODE
+ * is MMAP or READ. The range must already be known to lie inside the file (the caller checked);
+ * a file that shrank since is FERRY_EIO. AUTO decides per FERRY__IO_CHUNK piece. */
+int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, unsigned char *dst,
+                         ferry_load mode, unsigned char *bounce, ferry__err *e);
+
+/* FERRY_EIO naming F's path and the offending range when [off, off+len) is not inside the file
+ * (or overflows), else 0. */
+int ferry__io_check_range(const ferry__iofile *f, uint64_t off, uint64_t len, ferry__err *e);
+
+/* End of the chunk that starts at POS of a request covering [off, end): chunk boundaries lie at
+ * align_down(off) + k * FERRY__IO_CHUNK, so that every chunk but the first starts on a block
+ * boundary and direct reads of consecutive chunks never share a block. */
+static inline uint64_t ferry__io_chunk_end(uint64_t off, uint64_t end, uint64_t pos)
+{
+    uint64_t base = off - off % FERRY__IO_ALIGN;
+    uint64_t next = base + ((pos - base) / FERRY__IO_CHUNK + 1) * FERRY__IO_CHUNK;
+    return next < end ? next : end;
+}
+
+/* Number of chunks of a request covering [off, off+len); 0 when LEN is 0. */
+static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len)
+{
+    uint64_t base = off - off % FERRY__IO_ALIGN;
+    uint64_t span = off - base + len;
+    return len ? (span + FERRY__IO_CHUNK - 1) / FERRY__IO_CHUNK : 0;
+}
+
+/* Copies N bytes like memcpy (no overlap), with streaming stores when N is at least
+ * FERRY__IO_STREAM_MIN: the destination is not left in the cache. iocopy.c says why. */
+#define FERRY__IO_STREAM_MIN (UINT64_C(1) << 20)
+void ferry__io_copy(void *dst, const void *src, size_t n);
+
+/* The system page size (cached). */
+uint64_t ferry__io_page_size(void);
+
+#endif

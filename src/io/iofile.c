@@ -1,0 +1,189 @@
+/*
+ * iofile.c — files opened for reading by the I/O engine: a buffered descriptor, an O_DIRECT
+ * descriptor when the filesystem allows one, and a read-only private mapping of the whole file;
+ * plus the page-cache probes (madvise by range, mincore residency, dropping the file's pages).
+ *
+ * ferry never writes a model file, so the mapping is PROT_READ and MAP_PRIVATE: no page of it is
+ * ever dirty, and dropping its pages from the page cache only costs a re-read.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/io_internal.h"
+
+uint64_t ferry__io_page_size(void)
+{
+    static _Atomic uint64_t cached;
+    uint64_t p = cached;
+    if (!p) {
+        long s = sysconf(_SC_PAGESIZE);
+        p = s > 0 ? (uint64_t)s : 4096;
+        cached = p;
+    }
+    return p;
+}
+
+static int errno_code(int err)
+{
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR: return FERRY_ENOENT;
+    case ENOMEM: return FERRY_ENOMEM;
+    default: return FERRY_EIO;
+    }
+}
+
+int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
+{
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->fd_direct = -1;
+    if (!path || !*path)
+        return ferry__fail(e, FERRY_EINVAL, "open: empty path");
+
+    /* O_NONBLOCK so that opening a FIFO by mistake cannot hang; it is cleared below and means
+     * nothing for a regular file anyway. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int err = errno;
+        return ferry__fail(e, errno_code(err), "%s: cannot open: %s", path, strerror(err));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return ferry__fail(e, FERRY_EIO, "%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ferry__fail(e, FERRY_EFORMAT, "%s: is not a regular file", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (st.st_size < 0 || (uint64_t)st.st_size > SIZE_MAX) {
+        close(fd);
+        return ferry__fail(e, FERRY_EOVERFLOW, "%s: size %lld cannot be mapped", path,
+                           (long long)st.st_size);
+    }
+    uint64_t size = (uint64_t)st.st_size;
+
+    char *copy = ferry__strdup(path);
+    if (!copy) {
+        close(fd);
+        return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
+    }
+
+    const unsigned char *map = NULL;
+    if (size > 0) {
+        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            int err = errno;
+            close(fd);
+            free(copy);
+            return ferry__fail(e, err == ENOMEM ? FERRY_ENOMEM : FERRY_EIO,
+                               "%s: cannot map %llu bytes: %s", path, (unsigned long long)size,
+                               strerror(err));
+        }
+        map = m;
+    }
+
+    /* Opened by path a second time: a descriptor's O_DIRECT flag is shared by every dup of it.
+     * EINVAL (tmpfs, some FUSE and overlay setups) means no direct I/O; reads fall back to the
+     * buffered descriptor. A file replaced between the two opens is caught by comparing inodes. */
+    int fdd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+    if (fdd >= 0) {
+        struct stat sd;
+        if (fstat(fdd, &sd) != 0 || sd.st_dev != st.st_dev || sd.st_ino != st.st_ino) {
+            close(fdd);
+            fdd = -1;
+        } else {
+            fl = fcntl(fdd, F_GETFL);
+            if (fl >= 0)
+                (void)fcntl(fdd, F_SETFL, fl & ~O_NONBLOCK);
+        }
+    }
+
+    f->path = copy;
+    f->fd = fd;
+    f->fd_direct = fdd;
+    f->size = size;
+    f->map = map;
+    return 0;
+}
+
+void ferry__iofile_close(ferry__iofile *f)
+{
+    if (!f)
+        return;
+    if (f->map)
+        munmap((void *)f->map, (size_t)f->size);
+    if (f->fd >= 0)
+        close(f->fd);
+    if (f->fd_direct >= 0)
+        close(f->fd_direct);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->fd_direct = -1;
+}
+
+/* Clips [off, off+len) to the file and rounds it out to pages: *start and *n are the page-aligned
+ * offset into the mapping and its length. 0 when nothing of the range is inside the mapping. */
+static int page_range(const ferry__iofile *f, uint64_t off, uint64_t len, uint64_t *start,
+                      uint64_t *n)
+{
+    if (!f || !f->map || off >= f->size || len == 0)
+        return 0;
+    uint64_t end = len > f->size - off ? f->size : off + len;
+    uint64_t pg = ferry__io_page_size();
+    uint64_t s = off - off % pg;
+    uint64_t t = end % pg ? end + (pg - end % pg) : end;
+    *start = s;
+    *n = t - s;
+    return 1;
+}
+
+void ferry__iofile_advise(const ferry__iofile *f, uint64_t off, uint64_t len, int advice)
+{
+    uint64_t s, n;
+    if (page_range(f, off, len, &s, &n))
+        (void)madvise((void *)(f->map + s), (size_t)n, advice);
+}
+
+double ferry__iofile_cached(const ferry__iofile *f, uint64_t off, uint64_t len)
+{
+    uint64_t s, n;
+    if (!page_range(f, off, len, &s, &n))
+        return len == 0 ? 1.0 : 0.0;
+    uint64_t pg = ferry__io_page_size();
+    uint64_t pages = n / pg, resident = 0;
+    /* One mincore per 4096 pages: the vector stays on the stack whatever the range. */
+    unsigned char vec[4096];
+    for (uint64_t done = 0; done < pages;) {
+        uint64_t k = FERRY__MIN(pages - done, (uint64_t)sizeof vec);
+        if (mincore((void *)(f->map + s + done * pg), (size_t)(k * pg), vec) != 0)
+            return 0.0; /* unknown: say "not cached", which is always a safe answer */
+        for (uint64_t i = 0; i < k; i++)
+            resident += vec[i] & 1;
+        done += k;
+    }
+    return (double)resident / (double)pages;
+}
+
+int ferry__iofile_drop_cache(const ferry__iofile *f)
+{
+    if (!f || f->fd < 0)
+        return FERRY_EINVAL;
+    /* Pages mapped into this process are skipped by DONTNEED: unmap them from our page tables
+     * first. The mapping is private and never written, so the next touch re-reads the file. */
+    if (f->map)
+        (void)madvise((void *)f->map, (size_t)f->size, MADV_DONTNEED);
+    int r = posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED);
+    return r == 0 ? 0 : FERRY_EIO;
+}

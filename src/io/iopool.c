@@ -1,0 +1,325 @@
+/*
+ * iopool.c — the I/O worker pool: requests (file range -> destination) are cut into chunks of
+ * about FERRY__IO_CHUNK bytes that the workers take in queue order, so one large request is read
+ * by every worker at once and several requests are in flight. When the last chunk of a request
+ * finishes, a worker calls its done callback, exactly once, with the first error of any chunk.
+ *
+ * Locking. One mutex, io->mu, guards:
+ *   - the run queue (head/tail): requests that still have chunks not handed out, in submit order;
+ *   - the completion list (fin_head/fin_tail): requests whose done callback is due (every chunk
+ *     finished or cancelled) and that no worker has picked up yet;
+ *   - in every queued or running request: next_chunk, chunks_left, status, next;
+ *   - inflight (requests submitted whose done callback has not yet returned), stopping,
+ *     done_bytes, total_bytes, progress_fn, progress_ud.
+ * A second mutex, io->progress_mu, serialises calls of the progress callback and guards
+ * progress_last, so the callback sees DONE only growing. Lock order: progress_mu before mu (a
+ * progress callback may submit). No callback is ever called with mu held.
+ * bytes_read is atomic and needs no lock. The request fields the caller filled in (file, offset,
+ * len, dst, mode, done, ud) are read by the workers without the lock: they are written before
+ * submit and never changed while queued.
+ *
+ * Done callbacks always run on a worker thread, also for requests cancelled before any chunk ran
+ * and for empty requests: cancel_all moves those to the completion list, which workers serve
+ * before taking more chunks.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+
+struct ferry__io {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* workers: queue or completion list non-empty, or stopping */
+    pthread_cond_t idle_cv; /* cancel_all: inflight dropped to 0 */
+    ferry__ioreq *head, *tail;
+    ferry__ioreq *fin_head, *fin_tail;
+    uint64_t inflight;
+    int stopping;
+    uint64_t done_bytes, total_bytes;
+    ferry__io_progress_fn progress_fn;
+    void *progress_ud;
+
+    pthread_mutex_t progress_mu;
+    uint64_t progress_last;
+
+    _Atomic uint64_t bytes_read;
+
+    unsigned nthreads;
+    pthread_t *threads;
+    unsigned char *bounce; /* nthreads blocks of FERRY__IO_ALIGN bytes, one per worker */
+};
+
+/* The pool whose worker this thread is, so that cancel_all from a done callback does not wait on
+ * itself. */
+static _Thread_local ferry__io *current_pool;
+
+/* Appends REQ to the completion list. mu held. */
+static void finish_locked(ferry__io *io, ferry__ioreq *req)
+{
+    req->next = NULL;
+    if (io->fin_tail)
+        io->fin_tail->next = req;
+    else
+        io->fin_head = req;
+    io->fin_tail = req;
+    pthread_cond_signal(&io->work_cv);
+}
+
+/* Calls the progress callback with a snapshot taken under mu. Neither lock held on entry. */
+static void report_progress(ferry__io *io, ferry__io_progress_fn fn, void *ud, uint64_t done,
+                            uint64_t total)
+{
+    if (!fn)
+        return;
+    pthread_mutex_lock(&io->progress_mu);
+    if (done > io->progress_last) {
+        io->progress_last = done;
+        fn(ud, done, total);
+    }
+    pthread_mutex_unlock(&io->progress_mu);
+}
+
+/* Runs REQ's done callback and retires it. Nothing held on entry. */
+static void complete(ferry__io *io, ferry__ioreq *req, int status)
+{
+    req->done(req->ud, status); /* REQ may be freed from here on */
+    pthread_mutex_lock(&io->mu);
+    if (--io->inflight == 0)
+        pthread_cond_broadcast(&io->idle_cv);
+    pthread_mutex_unlock(&io->mu);
+}
+
+static void *worker(void *arg)
+{
+    ferry__io *io = arg;
+    current_pool = io;
+    pthread_mutex_lock(&io->mu);
+    /* the worker's own bounce block: the index is its position among the threads */
+    unsigned char *bounce = NULL;
+    for (unsigned i = 0; i < io->nthreads; i++)
+        if (pthread_equal(io->threads[i], pthread_self()))
+            bounce = io->bounce + (size_t)i * FERRY__IO_ALIGN;
+    ferry__err err;
+    for (;;) {
+        if (io->fin_head) {
+            ferry__ioreq *req = io->fin_head;
+            io->fin_head = req->next;
+            if (!io->fin_head)
+                io->fin_tail = NULL;
+            int status = req->status;
+            pthread_mutex_unlock(&io->mu);
+            complete(io, req, status);
+            pthread_mutex_lock(&io->mu);
+            continue;
+        }
+        if (!io->head) {
+            if (io->stopping)
+                break;
+            pthread_cond_wait(&io->work_cv, &io->mu);
+            continue;
+        }
+        /* take the next chunk of the oldest request */
+        ferry__ioreq *req = io->head;
+        uint64_t end = req->offset + req->len;
+        uint64_t pos = req->next_chunk;
+        uint64_t cend = ferry__io_chunk_end(req->offset, end, pos);
+        req->next_chunk = cend;
+        if (cend == end) {
+            io->head = req->next;
+            if (!io->head)
+                io->tail = NULL;
+        }
+        pthread_mutex_unlock(&io->mu);
+
+        err.code = 0;
+        int r = ferry__io_read_range(req->file, pos, cend - pos,
+                                     (unsigned char *)req->dst + (pos - req->offset), req->mode,
+                                     bounce, &err);
+        if (r == 0)
+            atomic_fetch_add_explicit(&io->bytes_read, cend - pos, memory_order_relaxed);
+
+        pthread_mutex_lock(&io->mu);
+        if (r && req->status == 0)
+            req->status = r;
+        io->done_bytes += cend - pos;
+        uint64_t done = io->done_bytes, total = io->total_bytes;
+        ferry__io_progress_fn pfn = io->progress_fn;
+        void *pud = io->progress_ud;
+        int last = --req->chunks_left == 0 && req->next_chunk == end;
+        int status = req->status;
+        pthread_mutex_unlock(&io->mu);
+
+        report_progress(io, pfn, pud, done, total);
+        if (last)
+            complete(io, req, status);
+        pthread_mutex_lock(&io->mu);
+    }
+    pthread_mutex_unlock(&io->mu);
+    return NULL;
+}
+
+ferry__io *ferry__io_create(unsigned nthreads)
+{
+    if (nthreads == 0)
+        nthreads = 4;
+    if (nthreads > 1024)
+        nthreads = 1024;
+    ferry__io *io = calloc(1, sizeof *io);
+    if (!io)
+        return NULL;
+    io->nthreads = nthreads;
+    io->threads = calloc(nthreads, sizeof *io->threads);
+    void *b = NULL;
+    if (!io->threads ||
+        posix_memalign(&b, FERRY__IO_ALIGN, (size_t)nthreads * FERRY__IO_ALIGN) != 0) {
+        free(io->threads);
+        free(io);
+        return NULL;
+    }
+    io->bounce = b;
+    atomic_init(&io->bytes_read, 0);
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_mutex_init(&io->progress_mu, NULL);
+    pthread_cond_init(&io->work_cv, NULL);
+    pthread_cond_init(&io->idle_cv, NULL);
+
+    /* Workers look themselves up in io->threads under mu: hold it while starting them. */
+    pthread_mutex_lock(&io->mu);
+    unsigned started = 0;
+    for (; started < nthreads; started++)
+        if (pthread_create(&io->threads[started], NULL, worker, io) != 0)
+            break;
+    if (started < nthreads) {
+        io->nthreads = started;
+        io->stopping = 1;
+        pthread_cond_broadcast(&io->work_cv);
+        pthread_mutex_unlock(&io->mu);
+        for (unsigned i = 0; i < started; i++)
+            pthread_join(io->threads[i], NULL);
+        io->nthreads = 0;
+        ferry__io_destroy(io);
+        return NULL;
+    }
+    pthread_mutex_unlock(&io->mu);
+    return io;
+}
+
+int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
+{
+    if (!io || !req || !req->file || !req->done || (!req->dst && req->len > 0))
+        return FERRY_EINVAL;
+    if ((unsigned)req->mode > FERRY_LOAD_DIRECT)
+        return FERRY_EINVAL;
+    uint64_t end;
+    if (ferry__add_u64(req->offset, req->len, &end) || end > req->file->size)
+        return FERRY_EIO;
+    req->next_chunk = req->offset;
+    req->chunks_left = ferry__io_chunk_count(req->offset, req->len);
+    req->status = 0;
+    req->next = NULL;
+
+    pthread_mutex_lock(&io->mu);
+    if (io->stopping) {
+        pthread_mutex_unlock(&io->mu);
+        return FERRY_ECANCELED;
+    }
+    io->inflight++;
+    io->total_bytes += req->len;
+    if (req->len == 0) {
+        finish_locked(io, req);
+    } else {
+        if (io->tail)
+            io->tail->next = req;
+        else
+            io->head = req;
+        io->tail = req;
+        /* one wake-up per chunk, up to the number of workers */
+        if (req->chunks_left >= io->nthreads)
+            pthread_cond_broadcast(&io->work_cv);
+        else
+            for (uint64_t i = 0; i < req->chunks_left; i++)
+                pthread_cond_signal(&io->work_cv);
+    }
+    pthread_mutex_unlock(&io->mu);
+    return 0;
+}
+
+/* Drops every chunk not handed out. mu held. */
+static void cancel_queued_locked(ferry__io *io)
+{
+    ferry__ioreq *req = io->head;
+    io->head = io->tail = NULL;
+    while (req) {
+        ferry__ioreq *next = req->next;
+        uint64_t end = req->offset + req->len;
+        /* chunks not handed out: those from next_chunk to the end */
+        uint64_t dropped = 0;
+        for (uint64_t pos = req->next_chunk; pos < end;
+             pos = ferry__io_chunk_end(req->offset, end, pos))
+            dropped++;
+        req->chunks_left -= dropped;
+        req->next_chunk = end;
+        if (req->status == 0)
+            req->status = FERRY_ECANCELED;
+        /* with no chunk running, nobody else will finish it */
+        if (req->chunks_left == 0)
+            finish_locked(io, req);
+        req = next;
+    }
+}
+
+void ferry__io_cancel_all(ferry__io *io)
+{
+    if (!io)
+        return;
+    pthread_mutex_lock(&io->mu);
+    cancel_queued_locked(io);
+    /* A done callback calling this cannot wait for itself: it only cancels. */
+    if (current_pool != io) {
+        while (io->inflight > 0) {
+            pthread_cond_wait(&io->idle_cv, &io->mu);
+            cancel_queued_locked(io); /* anything submitted meanwhile, e.g. from a callback */
+        }
+    }
+    pthread_mutex_unlock(&io->mu);
+}
+
+void ferry__io_destroy(ferry__io *io)
+{
+    if (!io)
+        return;
+    ferry__io_cancel_all(io);
+    pthread_mutex_lock(&io->mu);
+    io->stopping = 1;
+    pthread_cond_broadcast(&io->work_cv);
+    pthread_mutex_unlock(&io->mu);
+    for (unsigned i = 0; i < io->nthreads; i++)
+        pthread_join(io->threads[i], NULL);
+    pthread_cond_destroy(&io->work_cv);
+    pthread_cond_destroy(&io->idle_cv);
+    pthread_mutex_destroy(&io->mu);
+    pthread_mutex_destroy(&io->progress_mu);
+    free(io->bounce);
+    free(io->threads);
+    free(io);
+}
+
+void ferry__io_set_progress(ferry__io *io, ferry__io_progress_fn fn, void *ud)
+{
+    if (!io)
+        return;
+    pthread_mutex_lock(&io->mu);
+    io->progress_fn = fn;
+    io->progress_ud = ud;
+    pthread_mutex_unlock(&io->mu);
+}
+
+uint64_t ferry__io_bytes_read(const ferry__io *io)
+{
+    if (!io)
+        return 0;
+    return atomic_load_explicit(&((ferry__io *)io)->bytes_read, memory_order_relaxed);
+}
