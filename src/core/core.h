@@ -121,6 +121,9 @@ struct ferry_tensor {
     int stale;                /* comp is from an older epoch but in use: drop at last release */
     uint64_t skip_epoch;      /* epoch in which its skipped merges were counted */
 
+    int populating;           /* a job is reading its mapped range into the page cache */
+    int populated;            /* that was done once */
+
     int refs;                 /* prepares minus releases */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
