@@ -97,9 +97,11 @@ static void test_modes(const ferry__iofile *f)
                 for (int c = 0; c < 2; c++, n++)
                     bad += !read_one(f, offs[i], lens[j], (ferry_load)m, c);
             }
-            /* exactly to the end of the file */
-            for (int c = 0; c < 2; c++, n++)
-                bad += !read_one(f, offs[i], S - offs[i], (ferry_load)m, c);
+            /* exactly to the end of the file (the long ones only from offset 1: the big
+             * reads below cover the rest) */
+            if (offs[i] == 1 || S - offs[i] <= 17 * MIB)
+                for (int c = 0; c < 2; c++, n++)
+                    bad += !read_one(f, offs[i], S - offs[i], (ferry_load)m, c);
         }
         /* large reads crossing chunk boundaries, aligned and not */
         const uint64_t big[][2] = {{0, S},           {4096, 17 * MIB},   {777, 17 * MIB + 5},

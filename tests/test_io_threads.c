@@ -19,7 +19,7 @@
 #include "io/io.h"
 
 #define MIB (UINT64_C(1) << 20)
-#define FILE_SIZE (48 * MIB + 777)
+#define FILE_SIZE (40 * MIB + 777)
 
 static unsigned char pattern_at(uint64_t i)
 {
@@ -144,8 +144,9 @@ static void test_mixed(const ferry__iofile *f)
     ferry__io_set_progress(io, on_progress, &t);
     uint64_t total = 0;
     for (int i = 0; i < N; i++) {
-        static const uint64_t sizes[] = {0, 1, 4095, 4096, 100000, MIB + 7, 5 * MIB,
-                                         16 * MIB, 17 * MIB + 3};
+        static const uint64_t sizes[] = {0,       1,           4095,   4096,
+                                         100000,  MIB + 7,     2 * MIB + 1, 5 * MIB,
+                                         17 * MIB + 3};
         uint64_t len = sizes[rnd(FERRY__ARRAY_LEN(sizes))];
         if (i == 0)
             len = FILE_SIZE; /* the whole file, several chunks in parallel */
@@ -304,7 +305,7 @@ static void test_cancel_racing(const ferry__iofile *f, int destroy)
     ferry__io *io = ferry__io_create(4);
     CHECK(io != NULL);
     for (int i = 0; i < N; i++) {
-        uint64_t len = (i % 3 == 0) ? 20 * MIB + 11 : MIB + (uint64_t)i * 1000;
+        uint64_t len = (i % 4 == 0) ? 17 * MIB + 11 : MIB + (uint64_t)i * 1000;
         uint64_t off = rnd(FILE_SIZE - len + 1);
         CHECK(job_init(&jobs[i], &t, f, off, len, (ferry_load)(i % 4), i % 2) == 0);
     }

@@ -20,7 +20,9 @@
  *
  * Done callbacks always run on a worker thread, also for requests cancelled before any chunk ran
  * and for empty requests: cancel_all moves those to the completion list, which workers serve
- * before taking more chunks.
+ * before taking more chunks. A done or progress callback may submit and may call cancel_all
+ * (which then cancels without waiting: it cannot wait for its own callback); it must not call
+ * destroy.
  */
 #include <errno.h>
 #include <pthread.h>
