@@ -1,0 +1,174 @@
+/*
+ * gpu_bench.c — host->device bandwidth of a device (pinned staging memory, the device's own copy
+ * engine) beside ferry's streamed throughput to it: a model streamed through a device budget of a
+ * quarter of its size, layer by layer, with a timed wait standing in for compute.
+ *
+ *   gpu_bench [--device cuda:0] [--compute-ms X] [--passes N] MODEL
+ *
+ * Written for bench/gpu-check.sh on a machine with a GPU; runs on a sim device anywhere
+ * (--device sim:4GiB@20GB/s), which is how it is tested without one.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "devices/devices.h"
+#include "ferry.h"
+#include "ferry_device.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Best of 3: COUNT copies of CHUNK bytes from pinned host memory, two in flight. */
+static double h2d_bandwidth(const char *spec)
+{
+    char msg[256];
+    ferry_device *d;
+    if (ferry_device_open(spec, &d, msg, sizeof msg)) {
+        fprintf(stderr, "gpu_bench: %s\n", msg);
+        return -1;
+    }
+    const uint64_t chunk = 64ull << 20;
+    const int count = 16;
+    void *host[2] = {0}, *dev = NULL;
+    double best = -1;
+    if (ferry__device_host_alloc(d, chunk, &host[0]) || ferry__device_host_alloc(d, chunk, &host[1]) ||
+        d->ops->alloc(d, chunk * 2, &dev)) {
+        fprintf(stderr, "gpu_bench: cannot allocate on %s\n", spec);
+        goto out;
+    }
+    memset(host[0], 1, chunk);
+    memset(host[1], 2, chunk);
+    for (int rep = 0; rep < 3; rep++) {
+        uint64_t tk[2] = {0, 0};
+        double t0 = now();
+        for (int i = 0; i < count; i++) {
+            int s = i & 1;
+            if (tk[s] && d->ops->wait(d, tk[s]))
+                goto out;
+            if (d->ops->copy_h2d(d, (char *)dev + s * chunk, host[s], chunk, &tk[s]))
+                goto out;
+        }
+        for (int s = 0; s < 2; s++)
+            if (tk[s])
+                d->ops->wait(d, tk[s]);
+        double gbps = chunk * (double)count / (now() - t0) / 1e9;
+        if (gbps > best)
+            best = gbps;
+    }
+out:
+    if (dev)
+        d->ops->free(d, dev);
+    for (int s = 0; s < 2; s++)
+        if (host[s])
+            ferry__device_host_free(d, host[s]);
+    ferry_device_close(d);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    const char *spec = "cuda:0", *model = NULL;
+    double compute_ms = 1.0;
+    int passes = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            spec = argv[++i];
+        else if (!strcmp(argv[i], "--compute-ms") && i + 1 < argc)
+            compute_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
+            passes = atoi(argv[++i]);
+        else
+            model = argv[i];
+    }
+    if (!model || passes < 2) {
+        fprintf(stderr, "usage: gpu_bench [--device SPEC] [--compute-ms X] [--passes N>=2] MODEL\n");
+        return 2;
+    }
+    double bw = h2d_bandwidth(spec);
+    if (bw <= 0)
+        return 1;
+    ferry *f = ferry_create(NULL);
+    int dev;
+    if (!f || ferry_add_device(f, spec, &dev) || ferry_open(f, model, NULL)) {
+        fprintf(stderr, "gpu_bench: %s\n", f ? ferry_errmsg(f) : "out of memory");
+        return 1;
+    }
+    ferry_policy p = {.home = FERRY_HOME_HOST, .compute_device = dev};
+    const ferry_catalog *c = ferry_catalog_of(f);
+    uint64_t model_bytes = ferry_catalog_total_bytes(c);
+    if (ferry_group_add(f, "all", "*", &p) || ferry_set_budget(f, dev, model_bytes / 4) ||
+        ferry_load_group(f, NULL)) {
+        fprintf(stderr, "gpu_bench: %s\n", ferry_errmsg(f));
+        return 1;
+    }
+    /* Layers: tensors grouped by the component after "blk." (others one set each). */
+    size_t n = ferry_catalog_count(c);
+    ferry_tensor **ts = calloc(n, sizeof *ts);
+    size_t *start = calloc(n + 1, sizeof *start), nsets = 0;
+    char prev[256] = "";
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor_info info;
+        ferry_catalog_tensor(c, i, &info);
+        ts[i] = ferry_find(f, info.name);
+        char key[256];
+        const char *dot = strncmp(info.name, "blk.", 4) == 0 ? strchr(info.name + 4, '.') : NULL;
+        snprintf(key, sizeof key, "%.*s", dot ? (int)(dot - info.name) : (int)strlen(info.name),
+                 info.name);
+        if (!i || strcmp(key, prev))
+            start[nsets++] = i;
+        snprintf(prev, sizeof prev, "%s", key);
+    }
+    start[nsets] = n;
+    double best_pass = 1e30, stall = 0;
+    uint64_t copied0 = 0;
+    for (int pass = 0; pass < passes; pass++) {
+        ferry_stats s0, s1;
+        ferry_get_stats(f, &s0);
+        double t0 = now();
+        for (size_t k = 0; k < nsets; k++) {
+            size_t cnt = start[k + 1] - start[k];
+            if (ferry_prepare(f, ts + start[k], cnt)) {
+                fprintf(stderr, "gpu_bench: %s\n", ferry_errmsg(f));
+                return 1;
+            }
+            sleep_s(compute_ms / 1e3);
+            ferry_release(f, ts + start[k], cnt);
+        }
+        double el = now() - t0;
+        ferry_get_stats(f, &s1);
+        if (pass > 0 && el < best_pass) {
+            best_pass = el;
+            stall = s1.wait_seconds - s0.wait_seconds;
+            copied0 = s1.bytes_copied - s0.bytes_copied;
+        }
+    }
+    double compute = compute_ms / 1e3 * (double)nsets;
+    double bound = copied0 / (bw * 1e9);
+    if (compute > bound)
+        bound = compute;
+    printf("device %s: pinned host->device %.2f GB/s\n", spec, bw);
+    printf("model %.2f GiB, %zu layers, device budget M/4, compute stand-in %.2f ms per layer\n",
+           model_bytes / 1073741824.0, nsets, compute_ms);
+    printf("streamed pass (best of passes 2..%d): %.3f s, copied %.2f GiB (%.2f GB/s), stalled %.3f s\n",
+           passes, best_pass, copied0 / 1073741824.0, copied0 / best_pass / 1e9, stall);
+    printf("bound max(compute %.3f s, copied / bandwidth %.3f s) = %.3f s; efficiency %.2f\n", compute,
+           copied0 / (bw * 1e9), bound, bound / best_pass);
+    free(ts);
+    free(start);
+    ferry_destroy(f);
+    return 0;
+}
