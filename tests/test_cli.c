@@ -3,7 +3,8 @@
  * the shell): exit statuses and messages, gen -> inspect --json round trips for both formats and
  * every dtype gen writes (checked against the library's own catalog of the same file and against
  * the architecture's expected names and shapes), the values gen writes, determinism, sizing,
- * JSON escaping of hostile metadata, failures on missing and truncated files, and demo.
+ * JSON escaping of hostile metadata, failures on missing and truncated files, demo, `gen --lora`
+ * (each scheme's names and ranks, the library's mapping, `run -a --verify`) and `devices`.
  */
 #include <dirent.h>
 #include <math.h>
@@ -858,6 +859,291 @@ static void test_multi(void)
 
 /* ---- demo ------------------------------------------------------------------------------------ */
 
+/* ---- LoRA adapters: gen --lora ----------------------------------------------------------- */
+
+/* One scheme's names: the A and B suffixes (and kohya's alpha), the format it writes. */
+typedef struct lora_scheme {
+    const char *name, *a_suffix, *b_suffix, *alpha_suffix, *format;
+} lora_scheme;
+
+static const lora_scheme lora_schemes[] = {
+    {"peft", ".lora_A.weight", ".lora_B.weight", NULL, "safetensors"},
+    {"kohya", ".lora_down.weight", ".lora_up.weight", ".alpha", "safetensors"},
+    {"gguf", ".lora_a", ".lora_b", NULL, "gguf"},
+};
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = s ? strlen(s) : 0, k = strlen(suffix);
+    return s && n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The adapter at PATH for BASE in scheme SC at RANK: inspect --json shows N_PAIRS pairs named
+ * with the scheme's suffixes, every A has RANK rows and every B RANK columns (4-D conv factors:
+ * down [rank, in, kh, kw], up [out, rank, 1, 1]), the library maps every pair onto BASE, and
+ * `ferry run --verify` with it merged passes. */
+static void check_adapter(const char *base, const char *path, const lora_scheme *sc,
+                          int64_t rank, size_t n_pairs, size_t n_conv)
+{
+    CHECK_EQ_INT(run("inspect --json '%s'", path), 0);
+    ferry__json doc;
+    if (parse_json(out_text, out_len, &doc) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK_STR(jstr(jget(&doc, "format")), sc->format);
+    const ferry__json *ts = jget(&doc, "tensors");
+    size_t na = 0, nb = 0, nalpha = 0, conv = 0, other = 0, bad_shape = 0;
+    int gguf = strcmp(sc->format, "gguf") == 0;
+    for (size_t i = 0; ts && i < ts->n; i++) {
+        const char *name = jstr(jget(&ts->items[i], "name"));
+        const ferry__json *sh = jget(&ts->items[i], "shape");
+        size_t nd = sh ? sh->n : 0;
+        /* shapes outermost first (GGUF lists them innermost first) */
+        int64_t d[4] = {0, 0, 0, 0};
+        for (size_t k = 0; k < nd && k < 4; k++)
+            d[k] = (int64_t)jnum(&sh->items[gguf ? nd - 1 - k : k]);
+        if (ends_with(name, sc->a_suffix)) {
+            na++;
+            conv += nd == 4;
+            bad_shape += !(nd == 2 || nd == 4) || d[0] != rank;
+        } else if (ends_with(name, sc->b_suffix)) {
+            nb++;
+            bad_shape += nd == 4 ? d[1] != rank || d[2] != 1 || d[3] != 1 : nd != 2 || d[1] != rank;
+        } else if (sc->alpha_suffix && ends_with(name, sc->alpha_suffix)) {
+            nalpha++;
+            bad_shape += nd != 0;
+        } else {
+            fprintf(stderr, "%s adapter: unexpected tensor %s\n", sc->name, name ? name : "?");
+            other++;
+        }
+    }
+    CHECK_EQ_INT(na, n_pairs);
+    CHECK_EQ_INT(nb, n_pairs);
+    CHECK_EQ_INT(nalpha, sc->alpha_suffix ? n_pairs : 0);
+    CHECK_EQ_INT(conv, n_conv);
+    CHECK_EQ_INT(other, 0);
+    CHECK_EQ_INT(bad_shape, 0);
+    const ferry__json *meta = jget(&doc, "metadata");
+    char two_r[32];
+    snprintf(two_r, sizeof two_r, "%lld", (long long)(2 * rank));
+    if (strcmp(sc->name, "peft") == 0)
+        CHECK_STR(jstr(jget(meta, "lora_alpha")), two_r);
+    else if (strcmp(sc->name, "kohya") == 0)
+        CHECK_STR(jstr(jget(meta, "ss_network_alpha")), two_r);
+    else
+        CHECK_EQ_INT(jnum(jget(meta, "adapter.lora.alpha")), 2 * rank);
+    ferry__json_free(&doc);
+
+    /* the library reads it in the scheme it was written in and maps every pair */
+    ferry *f = ferry_create(NULL);
+    int id = -1;
+    CHECK(f && ferry_open(f, base, NULL) == 0);
+    CHECK_EQ_INT(ferry_lora_add(f, path, 1.0f, NULL, &id), 0);
+    ferry_lora_info info;
+    memset(&info, 0, sizeof info);
+    CHECK_EQ_INT(ferry_lora_get_info(f, id, &info), 0);
+    CHECK_STR(info.scheme, sc->name);
+    CHECK_EQ_INT(info.n_pairs, n_pairs);
+    CHECK_EQ_INT(info.n_matched, n_pairs);
+    CHECK_EQ_INT(info.n_unmatched, 0);
+    ferry_destroy(f);
+
+    /* streamed with the adapter merged, every tensor checks against an independent merge */
+    int rc = run("run '%s' -a '%s' --verify --quiet --passes 1", base, path);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(contains(out_text, "verify: ok"));
+    if (rc != 0)
+        fprintf(stderr, "run with %s adapter: %s", sc->name, err_text);
+}
+
+static void test_gen_lora(void)
+{
+    char base[4200], unet[4200], path[4300], again[4300];
+    snprintf(base, sizeof base, "%s/lora-base.gguf", tmp);
+    snprintf(unet, sizeof unet, "%s/lora-unet.safetensors", tmp);
+    CHECK_EQ_INT(run("gen -o '%s' --layers 2 --dim 64 --ff 128 --vocab 100 --dtype f16 -q", base),
+                 0);
+    CHECK_EQ_INT(run("gen -o '%s' --arch unet --layers 1 --dim 32 -q", unet), 0);
+
+    for (size_t k = 0; k < sizeof lora_schemes / sizeof lora_schemes[0]; k++) {
+        const lora_scheme *sc = &lora_schemes[k];
+        snprintf(path, sizeof path, "%s/lora-%s.%s", tmp, sc->name, sc->format);
+        int rc = run("gen --lora '%s' -o '%s' --scheme %s --rank 4 --seed 5", base, path,
+                     sc->name);
+        CHECK_EQ_INT(rc, 0);
+        if (rc != 0) {
+            fprintf(stderr, "gen --lora --scheme %s: %s", sc->name, err_text);
+            continue;
+        }
+        /* the summary names the file, the scheme and the pairs: 2 blocks x 7 matrices */
+        CHECK(contains(out_text, path) && contains(out_text, sc->name) &&
+              contains(out_text, "14 pairs"));
+        check_adapter(base, path, sc, 4, 14, 0);
+
+        /* the same seed gives the same bytes; another seed other values */
+        snprintf(again, sizeof again, "%s/lora-again.%s", tmp, sc->format);
+        CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --scheme %s --rank 4 --seed 5 -q", base, again,
+                         sc->name),
+                     0);
+        CHECK_EQ_INT(out_len, 0);
+        CHECK(same_file(path, again));
+        CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --scheme %s --rank 4 --seed 6 -q", base, again,
+                         sc->name),
+                     0);
+        CHECK(!same_file(path, again));
+        unlink(again);
+        unlink(path);
+    }
+
+    /* conv kernels of a UNet get 4-D factors (kohya, the usual scheme for them) */
+    snprintf(path, sizeof path, "%s/lora-for-unet.safetensors", tmp);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --scheme kohya --rank 2 -q", unet, path), 0);
+    check_adapter(unet, path, &lora_schemes[1], 2, 146, 46);
+
+    /* without --scheme: gguf for a *.gguf output, peft otherwise; the default rank is 8 */
+    snprintf(path, sizeof path, "%s/lora-default.gguf", tmp);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' -q", base, path), 0);
+    check_adapter(base, path, &lora_schemes[2], 8, 14, 0);
+    snprintf(path, sizeof path, "%s/lora-default.safetensors", tmp);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' -q", base, path), 0);
+    check_adapter(base, path, &lora_schemes[0], 8, 14, 0);
+
+    /* usage errors write nothing */
+    snprintf(path, sizeof path, "%s/lora-bad.safetensors", tmp);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --scheme lycoris", base, path), 2);
+    CHECK(contains(err_text, "--scheme") && contains(err_text, "lycoris"));
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --rank 0", base, path), 2);
+    CHECK(contains(err_text, "--rank"));
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --rank 65537", base, path), 2);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --dtype q4_0", base, path), 2);
+    CHECK(contains(err_text, "--dtype") && contains(err_text, "--lora"));
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s' --size 1GiB", base, path), 2);
+    CHECK_EQ_INT(run("gen --lora '%s'", base), 2);
+    CHECK(contains(err_text, "-o"));
+    CHECK_EQ_INT(run("gen -o '%s' --rank 4", path), 2);
+    CHECK(contains(err_text, "--lora"));
+    CHECK_EQ_INT(run("gen -o '%s' --scheme kohya", path), 2);
+    CHECK(access(path, F_OK) != 0);
+    /* -o naming the base itself would replace the model with its adapter */
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s'", unet, unet), 2);
+    CHECK(contains(err_text, "base model"));
+    CHECK_EQ_INT(run("inspect '%s'", unet), 0);
+    CHECK(contains(out_text, "safetensors"));
+    /* a base that does not open: exit 1, the message names it */
+    char missing[4300];
+    snprintf(missing, sizeof missing, "%s/no-such-base.gguf", tmp);
+    CHECK_EQ_INT(run("gen --lora '%s' -o '%s'", missing, path), 1);
+    CHECK(contains(err_text, missing));
+    CHECK(access(path, F_OK) != 0);
+    CHECK_EQ_INT(run("gen --help"), 0);
+    CHECK(contains(out_text, "--lora BASE") && contains(out_text, "--rank") &&
+          contains(out_text, "--scheme"));
+    unlink(base);
+    unlink(unet);
+}
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+static const ferry__json *find_device(const ferry__json *devs, const char *spec)
+{
+    for (size_t i = 0; devs && i < devs->n; i++)
+        if (jstr(jget(&devs->items[i], "spec")) &&
+            strcmp(jstr(jget(&devs->items[i], "spec")), spec) == 0)
+            return &devs->items[i];
+    return NULL;
+}
+
+static int jbool(const ferry__json *j) { return j && j->type == FERRY__JSON_BOOL && j->b; }
+
+static void test_devices(void)
+{
+    /* what the library itself says of cuda:0 on this machine */
+    ferry *f = ferry_create(NULL);
+    CHECK(f != NULL);
+    int cuda = f && ferry_add_device(f, "cuda:0", NULL) == 0;
+    char lib_reason[1024] = "";
+    if (f && !cuda)
+        snprintf(lib_reason, sizeof lib_reason, "%s", ferry_errmsg(f));
+    ferry_destroy(f);
+
+    CHECK_EQ_INT(run("devices"), 0); /* with or without CUDA */
+    CHECK(starts_with(out_text, "cpu "));
+    CHECK(contains(out_text, "host RAM") && contains(out_text, "free of"));
+    CHECK(contains(out_text, "sim:8GiB@25GB/s"));
+    CHECK(contains(out_text, "cuda:0"));
+    if (!cuda) {
+        /* the reason, plainly: the library's message on its line */
+        const char *line = strstr(out_text, "cuda:0");
+        CHECK(line && contains(line, "unavailable: "));
+        const char *why = line ? strstr(line, "unavailable: ") : NULL;
+        if (why) {
+            why += strlen("unavailable: ");
+            size_t n = strcspn(why, "\n");
+            CHECK(n > 5);
+            char got[1024];
+            snprintf(got, sizeof got, "%.*s", (int)n, why);
+            CHECK(contains(lib_reason, got));
+        }
+        CHECK_EQ_INT(strlen(err_text), 0); /* not a failure */
+    }
+
+    CHECK_EQ_INT(run("devices --json"), 0);
+    ferry__json doc;
+    if (parse_json(out_text, out_len, &doc) != 0) {
+        CHECK(0);
+        return;
+    }
+    const ferry__json *devs = jget(&doc, "devices");
+    CHECK(devs && devs->type == FERRY__JSON_ARRAY && devs->n >= 3);
+    const ferry__json *cpu = devs && devs->n ? &devs->items[0] : NULL;
+    CHECK_STR(jstr(jget(cpu, "spec")), "cpu");
+    CHECK_STR(jstr(jget(cpu, "kind")), "cpu");
+    CHECK(jbool(jget(cpu, "available")) && jbool(jget(cpu, "host_accessible")));
+    uint64_t total = jnum(jget(cpu, "total_bytes")), avail = jnum(jget(cpu, "free_bytes"));
+    CHECK(total > (64u << 20) && total != UINT64_MAX);
+    CHECK(avail > 0 && avail <= total);
+    CHECK_EQ_INT(jnum(jget(cpu, "budget")), 0); /* no host budget by default */
+
+    const ferry__json *c0 = find_device(devs, "cuda:0");
+    CHECK(c0 != NULL);
+    CHECK_EQ_INT(jbool(jget(c0, "available")), cuda);
+    if (cuda) {
+        CHECK_STR(jstr(jget(c0, "kind")), "cuda");
+        CHECK(jnum(jget(c0, "total_bytes")) > 0);
+        CHECK(!jbool(jget(c0, "example")));
+    } else {
+        CHECK(jstr(jget(c0, "reason")) && contains(lib_reason, jstr(jget(c0, "reason"))));
+        CHECK(find_device(devs, "cuda:1") == NULL); /* no second attempt after cuda:0 fails */
+    }
+    const ferry__json *sim = find_device(devs, "sim:8GiB@25GB/s");
+    CHECK_STR(jstr(jget(sim, "kind")), "sim");
+    CHECK(jbool(jget(sim, "example")) && !jbool(jget(sim, "host_accessible")));
+    CHECK_EQ_INT(jnum(jget(sim, "total_bytes")), 8ull << 30);
+    uint64_t budget = jnum(jget(sim, "budget"));
+    CHECK(budget > 0 && budget <= 8ull << 30);
+    ferry__json_free(&doc);
+
+    /* specs from the command line: reported with their memory, or exit 1 with the reason */
+    CHECK_EQ_INT(run("devices --json sim:3GiB"), 0);
+    if (parse_json(out_text, out_len, &doc) == 0) {
+        const ferry__json *s3 = find_device(jget(&doc, "devices"), "sim:3GiB");
+        CHECK(jbool(jget(s3, "available")) && !jbool(jget(s3, "example")));
+        CHECK_EQ_INT(jnum(jget(s3, "total_bytes")), 3ull << 30);
+        ferry__json_free(&doc);
+    } else {
+        CHECK(0);
+    }
+    CHECK_EQ_INT(run("devices sim:1GiB tpu:0"), 1);
+    CHECK(contains(out_text, "sim:1GiB") && contains(out_text, "tpu:0"));
+    CHECK(starts_with(err_text, "ferry: tpu:0") && contains(err_text, "unknown device"));
+    CHECK_EQ_INT(run("devices --frobnicate"), 2);
+    CHECK_EQ_INT(run("devices --help"), 0);
+    CHECK(contains(out_text, "--json"));
+    CHECK_EQ_INT(run("--help"), 0);
+    CHECK(contains(out_text, "devices"));
+}
+
 static void test_demo(void)
 {
     char cache[4200];
@@ -897,6 +1183,8 @@ int main(void)
     test_failures();
     test_escaping();
     test_multi();
+    test_gen_lora();
+    test_devices();
     test_demo();
     free(out_text);
     free(err_text);

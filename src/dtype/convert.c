@@ -6,7 +6,8 @@
  *
  * Block layouts (ggml's): a block's scales come first unless noted; "nibbles" hold element j in
  * the low half of byte j and element j+16 in the high half (32-element blocks). Loops over a block
- * are elementwise with fixed trip counts, which leaves the compiler free to vectorize them.
+ * are elementwise with fixed trip counts, which leaves the compiler free to vectorize them. On x86
+ * with AVX2, q4_0 / q8_0 / q8_1 / bf16 writes go through quant_x86.c, which gives the same bytes.
  */
 #include <math.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include "dtype/dtype.h"
 #include "dtype/dtype_kern.h"
+#include "dtype/quant_x86.h"
 #include "util/util.h"
 
 float ferry__f16_to_f32(uint16_t h) { return ferry__h2f(h); }
@@ -102,6 +104,10 @@ static void bf16_row_to_f32(const uint8_t *p, float *out, uint64_t n)
 static void f32_row_to_bf16(const float *in, uint8_t *p, uint64_t n)
 {
     uint64_t i = 0;
+#ifdef FERRY_QUANT_X86
+    if (ferry__dtype_use_avx2())
+        i = ferry__f32_to_bf16_avx2(in, p, n);
+#endif
     for (; i + GROUP <= n; i += GROUP) {
         uint16_t h[GROUP];
         for (int k = 0; k < GROUP; k++)
@@ -519,6 +525,10 @@ int ferry__to_f32(ferry_dtype t, const void *in, float *out, uint64_t n)
 
 /* ---- quantizers: NB whole blocks of 32 from X to P ------------------------------------------- */
 
+/* These portable loops are the reference: quant_x86.c has AVX2 versions of q4_0, q8_0 and q8_1
+ * (and of bf16 above) that must give the same bytes for every input; a change here is a change
+ * there (tests/test_quantize.c compares the two). */
+
 /* The integer part of V clamped to [0, HI]; NaN gives 0. V is already offset and rounded by
  * the caller's +0.5 the way GGUF's reference quantizers do it (truncation of a value >= 0). */
 static inline int trunc_clamp(float v, int hi)
@@ -663,9 +673,25 @@ int ferry__from_f32(ferry_dtype t, const float *in, void *out, uint64_t n)
             memcpy(p + 8 * i, &v, sizeof v);
         }
         break;
-    case FERRY_DTYPE_Q8_0: quant_q8(in, p, nb, 0); break;
-    case FERRY_DTYPE_Q8_1: quant_q8(in, p, nb, 1); break;
-    case FERRY_DTYPE_Q4_0: quant_q4_0(in, p, nb); break;
+    case FERRY_DTYPE_Q8_0:
+    case FERRY_DTYPE_Q8_1:
+#ifdef FERRY_QUANT_X86
+        if (ferry__dtype_use_avx2()) {
+            ferry__quant_q8_avx2(in, p, nb, t == FERRY_DTYPE_Q8_1);
+            break;
+        }
+#endif
+        quant_q8(in, p, nb, t == FERRY_DTYPE_Q8_1);
+        break;
+    case FERRY_DTYPE_Q4_0:
+#ifdef FERRY_QUANT_X86
+        if (ferry__dtype_use_avx2()) {
+            ferry__quant_q4_0_avx2(in, p, nb);
+            break;
+        }
+#endif
+        quant_q4_0(in, p, nb);
+        break;
     case FERRY_DTYPE_Q5_0: quant_q5_0(in, p, nb); break;
     case FERRY_DTYPE_Q4_1: quant_q_1(in, p, nb, 0); break;
     case FERRY_DTYPE_Q5_1: quant_q_1(in, p, nb, 1); break;

@@ -2,16 +2,19 @@
  * cmd_gen.c — `ferry gen`: writes a synthetic model (synth.c) with the real tensor names and shapes
  * of a llama LLM or a diffusers UNet, sized by --size or by explicit dimensions, deterministic from
  * --seed. Used by tests, demos and benchmarks to get models of any size without downloading one.
+ * With --lora BASE it writes a LoRA adapter for an existing model instead (gen_lora.c).
  */
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "gen_lora.h"
 #include "synth.h"
 
 static const char *HELP =
     "usage: ferry gen -o FILE [options]\n"
+    "       ferry gen --lora BASE -o ADAPTER [--rank R] [--scheme peft|kohya|gguf] [--seed N]\n"
     "\n"
     "Writes a synthetic model with the real tensor names and shapes of an architecture, filled\n"
     "with values shaped like trained weights. The same options and seed give the same bytes.\n"
@@ -44,12 +47,60 @@ static const char *HELP =
     "  --dry-run              print what would be written, write nothing\n"
     "  --json                 print the summary as JSON\n"
     "  -q, --quiet            no progress bar, no summary\n"
-    "  -h, --help             this text\n";
+    "  -h, --help             this text\n"
+    "\n"
+    "LoRA adapters (--lora): writes ADAPTER, a LoRA for the model BASE (any file ferry opens):\n"
+    "factors for every attention and feed-forward matrix and every conv kernel, f16, alpha =\n"
+    "2 * rank, deterministic from --seed. The adapter is checked against BASE before the\n"
+    "command succeeds.\n"
+    "  --lora BASE            the model to write an adapter for\n"
+    "  --rank R               rank of the factors, 1..65536 (default 8)\n"
+    "  --scheme peft|kohya|gguf\n"
+    "                         naming scheme and format (default: gguf for a *.gguf ADAPTER,\n"
+    "                         peft otherwise): peft and kohya write safetensors\n"
+    "                         (...lora_A/lora_B.weight; lora_unet_...lora_down/lora_up.weight\n"
+    "                         and .alpha), gguf writes GGUF (....lora_a/lora_b)\n"
+    "  for example:\n"
+    "    ferry gen -o base.gguf --size 64MiB\n"
+    "    ferry gen --lora base.gguf -o lora.safetensors --rank 16\n"
+    "    ferry run base.gguf -a lora.safetensors --verify\n";
 
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+#define DEFAULT_LORA_RANK 8
+
+/* `ferry gen --lora BASE`: only -o, --rank, --scheme, --seed and --quiet apply. */
+static int gen_lora(const char *base, const char *out, const char *rank, const char *scheme,
+                    const char *seed, int quiet, const char *stray)
+{
+    if (stray)
+        return cli_usage_error("gen", "%s does not apply to --lora (an adapter takes its shapes "
+                               "from BASE)", stray);
+    if (!out)
+        return cli_usage_error("gen", "no output file: give -o ADAPTER");
+    uint64_t r = DEFAULT_LORA_RANK, sd = 0;
+    int rc;
+    if (rank && (rc = cli_arg_u64("gen", "rank", rank, 1, 65536, &r)) != 0)
+        return rc;
+    if (seed && (rc = cli_arg_u64("gen", "seed", seed, 0, UINT64_MAX, &sd)) != 0)
+        return rc;
+    if (scheme && strcmp(scheme, "peft") != 0 && strcmp(scheme, "kohya") != 0 &&
+        strcmp(scheme, "gguf") != 0)
+        return cli_usage_error("gen", "--scheme: '%s' is not peft, kohya or gguf", scheme);
+    if (!scheme)
+        scheme = ends_with(out, ".gguf") ? "gguf" : "peft";
+    struct stat st, bst;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_error("%s: is a folder; -o names the adapter file to write", out);
+    if (stat(out, &st) == 0 && stat(base, &bst) == 0 && st.st_dev == bst.st_dev &&
+        st.st_ino == bst.st_ino)
+        return cli_usage_error("gen", "-o %s is the base model itself; the adapter needs a file "
+                               "of its own", out);
+    return ferry_gen_lora(base, out, (unsigned)r, scheme, sd, quiet);
 }
 
 static int dim_arg(const char *opt, const char *s, uint32_t max, uint32_t *out)
@@ -129,17 +180,19 @@ int cmd_gen(int argc, char **argv)
 {
     const char *out = NULL, *format = NULL, *arch = "llama", *size = NULL, *dtype = "f16";
     const char *seed = NULL, *layers = NULL, *dim = NULL, *ff = NULL, *vocab = NULL;
-    const char *heads = NULL, *kv_heads = NULL;
+    const char *heads = NULL, *kv_heads = NULL, *lora = NULL, *rank = NULL, *scheme = NULL;
+    const char *arch_opt = NULL, *dtype_opt = NULL;
     int quiet = 0, json = 0, dry = 0, npos = 0;
     cli_opt opts[] = {
-        {"output", 'o', CLI_OPT_STRING, &out},   {"format", 0, CLI_OPT_STRING, &format},
-        {"arch", 0, CLI_OPT_STRING, &arch},      {"size", 0, CLI_OPT_STRING, &size},
-        {"dtype", 0, CLI_OPT_STRING, &dtype},    {"seed", 0, CLI_OPT_STRING, &seed},
-        {"layers", 0, CLI_OPT_STRING, &layers},  {"dim", 0, CLI_OPT_STRING, &dim},
-        {"ff", 0, CLI_OPT_STRING, &ff},          {"vocab", 0, CLI_OPT_STRING, &vocab},
-        {"heads", 0, CLI_OPT_STRING, &heads},    {"kv-heads", 0, CLI_OPT_STRING, &kv_heads},
-        {"quiet", 'q', CLI_OPT_FLAG, &quiet},    {"json", 0, CLI_OPT_FLAG, &json},
-        {"dry-run", 0, CLI_OPT_FLAG, &dry},
+        {"output", 'o', CLI_OPT_STRING, &out},      {"format", 0, CLI_OPT_STRING, &format},
+        {"arch", 0, CLI_OPT_STRING, &arch_opt},     {"size", 0, CLI_OPT_STRING, &size},
+        {"dtype", 0, CLI_OPT_STRING, &dtype_opt},   {"seed", 0, CLI_OPT_STRING, &seed},
+        {"layers", 0, CLI_OPT_STRING, &layers},     {"dim", 0, CLI_OPT_STRING, &dim},
+        {"ff", 0, CLI_OPT_STRING, &ff},             {"vocab", 0, CLI_OPT_STRING, &vocab},
+        {"heads", 0, CLI_OPT_STRING, &heads},       {"kv-heads", 0, CLI_OPT_STRING, &kv_heads},
+        {"quiet", 'q', CLI_OPT_FLAG, &quiet},       {"json", 0, CLI_OPT_FLAG, &json},
+        {"dry-run", 0, CLI_OPT_FLAG, &dry},         {"lora", 0, CLI_OPT_STRING, &lora},
+        {"rank", 0, CLI_OPT_STRING, &rank},         {"scheme", 0, CLI_OPT_STRING, &scheme},
     };
     int rc = cli_parse("gen", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
     if (rc == CLI_HELP) {
@@ -151,6 +204,19 @@ int cmd_gen(int argc, char **argv)
     if (npos > 0)
         return cli_usage_error("gen", "unexpected argument '%s' (the output goes after -o)",
                                argv[1]);
+    if (lora) {
+        const char *stray = format ? "--format" : arch_opt ? "--arch" : size ? "--size"
+                          : dtype_opt ? "--dtype" : layers ? "--layers" : dim ? "--dim"
+                          : ff ? "--ff" : vocab ? "--vocab" : heads ? "--heads"
+                          : kv_heads ? "--kv-heads" : dry ? "--dry-run" : json ? "--json" : NULL;
+        return gen_lora(lora, out, rank, scheme, seed, quiet, stray);
+    }
+    if (rank || scheme)
+        return cli_usage_error("gen", "%s needs --lora BASE", rank ? "--rank" : "--scheme");
+    if (arch_opt)
+        arch = arch_opt;
+    if (dtype_opt)
+        dtype = dtype_opt;
     if (!out && !dry)
         return cli_usage_error("gen", "no output file: give -o FILE");
 

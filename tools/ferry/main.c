@@ -13,6 +13,8 @@ static const cli_command commands[] = {
     {"gen", cmd_gen, "write a synthetic model with realistic names and shapes (llama, unet)"},
     {"run", cmd_run, "stream a model through a decode-shaped workload under budgets"},
     {"plan", cmd_plan, "where each tensor would live under a placement (dry run)"},
+    {"devices", cmd_devices, "the devices ferry can use here, with their memory"},
+    {"lora", cmd_lora, "merge LoRA adapters into a model file (merge), describe an adapter (info)"},
     {"demo", cmd_demo, "generate a sample model in the cache folder and inspect it"},
 };
 

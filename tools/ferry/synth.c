@@ -15,6 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SYNTH_X86 1
+#endif
+
 #include "cli.h"
 #include "synth.h"
 
@@ -496,9 +501,9 @@ int synth_plan(const synth_config *cfg, synth_model *m, char *err, size_t errlen
 
 static inline uint64_t splitmix64(uint64_t *s)
 {
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15)); /* SM_GAMMA */
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9); /* SM_MUL1 */
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB); /* SM_MUL2 */
     return z ^ (z >> 31);
 }
 
@@ -527,6 +532,62 @@ static float *normal_table(void)
     return tab;
 }
 
+#define SM_GAMMA UINT64_C(0x9E3779B97F4A7C15)
+#define SM_MUL1 UINT64_C(0xBF58476D1CE4E5B9)
+#define SM_MUL2 UINT64_C(0x94D049BB133111EB)
+
+/* Set by tests only: 1 keeps fill_values on its portable loop. */
+static int synth_force_portable;
+
+#ifdef SYNTH_X86
+/* X * C mod 2^64 in each 64-bit lane (AVX2 has no 64-bit multiply):
+ * lo*lo + (hi*lo + lo*hi) << 32. */
+__attribute__((target("avx2"))) static inline __m256i mul64(__m256i x, uint64_t c)
+{
+    const __m256i clo = _mm256_set1_epi64x((long long)(c & 0xffffffffu));
+    const __m256i chi = _mm256_set1_epi64x((long long)(c >> 32));
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), clo),
+                                     _mm256_mul_epu32(x, chi));
+    return _mm256_add_epi64(_mm256_mul_epu32(x, clo), _mm256_slli_epi64(cross, 32));
+}
+
+/* The portable loop of fill_values, 16 values at a time: the same four splitmix64 draws (draw k
+ * of the stream mixes *S + (k+1) * gamma), the same 16-bit table indexes in the same order, the
+ * same float multiply and add, so the same bits. Returns how many values were done; *S is
+ * advanced past the draws used. */
+__attribute__((target("avx2"))) static uint64_t fill_avx2(const float *tab, uint64_t *s, float k,
+                                                          float base, float *out, uint64_t n)
+{
+    const __m256i step = _mm256_set1_epi64x((long long)(4 * SM_GAMMA));
+    const __m256 kv = _mm256_set1_ps(k), bv = _mm256_set1_ps(base);
+    __m256i z0 = _mm256_add_epi64(_mm256_set1_epi64x((long long)*s),
+                                  _mm256_setr_epi64x((long long)SM_GAMMA, (long long)(2 * SM_GAMMA),
+                                                     (long long)(3 * SM_GAMMA),
+                                                     (long long)(4 * SM_GAMMA)));
+    uint64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i z = z0;
+        z0 = _mm256_add_epi64(z0, step);
+        z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), SM_MUL1);
+        z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), SM_MUL2);
+        z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+        /* the sixteen 16-bit pieces in memory order are the indexes of out[i .. i+16) */
+        __m256i i0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(z));
+        __m256i i1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(z, 1));
+        __m256 v0 = _mm256_i32gather_ps(tab, i0, 4), v1 = _mm256_i32gather_ps(tab, i1, 4);
+        _mm256_storeu_ps(out + i, _mm256_add_ps(bv, _mm256_mul_ps(kv, v0)));
+        _mm256_storeu_ps(out + i + 8, _mm256_add_ps(bv, _mm256_mul_ps(kv, v1)));
+    }
+    *s += i / 4 * SM_GAMMA;
+    return i;
+}
+
+static int synth_use_avx2(void)
+{
+    return !synth_force_portable && __builtin_cpu_supports("avx2");
+}
+#endif
+
 /* Fills OUT[0..n) with values of tensor T, chunk CHUNK_NO, under SEED: table values scaled to
  * T's spread (around 1.0 for norms, 0 otherwise). */
 static void fill_values(const synth_tensor *t, const float *tab, uint64_t seed,
@@ -540,6 +601,10 @@ static void fill_values(const synth_tensor *t, const float *tab, uint64_t seed,
     const float k = t->scale;
     const float base = t->kind == SYNTH_NORM ? 1.0f : 0.0f;
     uint64_t i = 0;
+#ifdef SYNTH_X86
+    if (synth_use_avx2())
+        i = fill_avx2(tab, &s, k, base, out, n);
+#endif
     for (; i + 4 <= n; i += 4) {
         uint64_t r = splitmix64(&s);
         out[i] = base + k * tab[r & 0xffff];
