@@ -450,9 +450,9 @@ FERRY_API int ferry_optional(ferry *f, const char *pattern);
  * FERRY_EBUSY while any of them is prepared. */
 FERRY_API int ferry_group_remove(ferry *f, const char *name);
 
-/* The tensor named NAME, or NULL when absent, ignored, or its placement is impossible (a
- * conversion ferry cannot do, a required adapter it cannot merge: ferry_errmsg says why). Valid
- * until ferry_destroy or until its group is removed. */
+/* The tensor named NAME, or NULL when absent or ignored. Finding is no use: whether its placement
+ * works out (a conversion ferry cannot do, a required adapter it cannot merge) is checked by
+ * ferry_validate and ferry_prepare. Valid until ferry_destroy or until its group is removed. */
 FERRY_API ferry_tensor *ferry_find(ferry *f, const char *name);
 /* Description of T (strings valid as long as T). */
 FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *out);

@@ -268,6 +268,8 @@ uint64_t ferry__dev_alloc_size(const ferry_tensor *t);
 ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t);
 /* The device T is computed on (a split part's own device). */
 int ferry__compute_device_of(const ferry *f, const ferry_tensor *t);
+/* Whether T is ignored by the patterns (without deciding its placement). */
+int ferry__is_ignored(const ferry *f, const ferry_tensor *t);
 /* Fixes T's group, ignore/optional flags and placement (no-op when already bound). */
 int ferry__bind(ferry *f, ferry_tensor *t);
 /* After a rule change: unbinds every unused tensor; with CHECK_ONLY, fails with FERRY_EBUSY

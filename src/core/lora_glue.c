@@ -92,8 +92,19 @@ static int apply_set_change(ferry *f)
             t->stale = 1; /* dropped at its last release or when its job finishes */
             continue;
         }
-        if (t->comp.state == FERRY__READY)
-            ferry__drop_copy(f, t, &t->comp);
+        if (t->comp.state == FERRY__READY) {
+            /* On the host an unmerged, unconverted home copy is the pristine source merges are
+             * staged from: it becomes the host copy instead of being read again. */
+            int pristine = t->comp.permanent && !t->comp.merged && !t->comp.mapped &&
+                           t->comp.dev == FERRY__HOST && t->out_dtype == t->info.dtype &&
+                           t->host.state == FERRY__EMPTY;
+            if (pristine) {
+                t->host = t->comp;
+                memset(&t->comp, 0, sizeof t->comp);
+            } else {
+                ferry__drop_copy(f, t, &t->comp);
+            }
+        }
         t->stale = 0;
         t->bound = 0; /* merge or not, zero-copy or not: decided again at the next use */
     }

@@ -426,8 +426,10 @@ ferry_tensor *ferry_find(ferry *f, const char *name)
     ferry_tensor *t = NULL;
     int64_t i = ferry_catalog_find(f->cat, name);
     if (i >= 0 && (size_t)i < f->n_tensors) {
+        /* Looking a tensor up is no use of it: only whether it is ignored matters here, not
+         * whether its placement works out (that is prepare's business). */
         t = f->tensors[i];
-        if (t->removed || ferry__bind(f, t) || t->ignored)
+        if (t->removed || ferry__is_ignored(f, t))
             t = NULL;
     }
     if (!t && (i < 0 || (size_t)i >= f->n_tensors))

@@ -37,6 +37,11 @@ static int matches_any(char **patterns, size_t n, const char *name)
     return 0;
 }
 
+int ferry__is_ignored(const ferry *f, const ferry_tensor *t)
+{
+    return t->bound ? t->ignored : matches_any(f->ignore, f->n_ignore, t->info.name);
+}
+
 uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted)
 {
     /* Data read straight from the file is placed at offset % FERRY__IO_ALIGN inside a buffer

@@ -468,6 +468,13 @@ static int needs(ferry *f, ferry_tensor *t, int home_only)
         if (t->comp.state != FERRY__EMPTY)
             return 0;
         t->comp.dev = FERRY__HOST;
+        if (home == FERRY_HOME_HOST && t->host.state == FERRY__READY && !t->host.mapped &&
+            !ferry__transformed(t)) {
+            /* No longer merged: the pristine host copy is the home again, no read needed. */
+            t->comp = t->host;
+            memset(&t->host, 0, sizeof t->host);
+            return 0;
+        }
         if (home == FERRY_HOME_HOST) {
             if (t->zero_copy) {
                 t->comp.state = FERRY__READY;
