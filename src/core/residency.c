@@ -28,11 +28,14 @@
 #define FERRY__PREFETCH_SCAN 256
 #define FERRY__PARALLEL_READ (UINT64_C(4) << 20) /* reads this large go to the I/O pool */
 
+/* A loader's staging buffers, each allocated the first time a transfer needs it (host RSS is
+ * budgeted: a loader that only ever reads into destinations holds none). */
 typedef struct loader_ctx {
     unsigned char *stage[2]; /* file bytes, FERRY__IO_ALIGN-aligned, cap + 2 pages */
     unsigned char *conv[2];  /* transformed bytes bound for a device */
     float *f32;              /* a chunk as f32, for merges */
-    uint64_t cap;            /* bytes each buffer holds */
+    unsigned char *scratch;  /* populate reads land here and are dropped */
+    uint64_t cap;            /* bytes each of stage/conv/f32 holds when allocated */
     ferry_device *pinned;    /* the device whose host_alloc made stage/conv, or NULL */
     uint64_t ticket[2];
     int pending[2];
@@ -135,42 +138,46 @@ static void ctx_release(loader_ctx *lc)
     lc->pinned = NULL;
 }
 
-/* Makes every staging buffer at least BYTES long, in pinned memory of DEV when the copies go to
- * a device that has it (DMA from pageable memory is slower and not asynchronous on CUDA). */
-static int ctx_buffers(loader_ctx *lc, uint64_t bytes, ferry_device *dev)
+enum { NEED_STAGE = 1, NEED_CONV = 2, NEED_F32 = 4 };
+
+static int ctx_alloc(ferry_device *pin, unsigned char **p, uint64_t bytes)
+{
+    if (*p)
+        return 0;
+    if (pin)
+        return ferry__device_host_alloc(pin, bytes, (void **)p) ? FERRY_ENOMEM : 0;
+    return posix_memalign((void **)p, FERRY__IO_ALIGN, bytes) ? FERRY_ENOMEM : 0;
+}
+
+/* Makes the buffers NEED asks for at least BYTES long, in pinned memory of DEV when the copies
+ * go to a device that has it (DMA from pageable memory is slower and not asynchronous on CUDA). */
+static int ctx_buffers(loader_ctx *lc, int need, uint64_t bytes, ferry_device *dev)
 {
     if (bytes < FERRY__XFER_CHUNK)
         bytes = FERRY__XFER_CHUNK;
     ferry_device *pin = dev && !dev->host_accessible && dev->ops->host_alloc ? dev : NULL;
-    if (lc->cap >= bytes && (lc->pinned == pin || !pin))
-        return 0;
-    ctx_release(lc);
-    uint64_t stage = bytes + 2 * FERRY__IO_ALIGN;
-    for (int i = 0; i < 2; i++) {
-        int rc;
-        if (pin)
-            rc = ferry__device_host_alloc(pin, stage, (void **)&lc->stage[i]) ||
-                 ferry__device_host_alloc(pin, bytes, (void **)&lc->conv[i]);
-        else
-            rc = posix_memalign((void **)&lc->stage[i], FERRY__IO_ALIGN, stage) ||
-                 posix_memalign((void **)&lc->conv[i], FERRY__IO_ALIGN, bytes);
-        lc->pinned = pin;
-        if (rc) {
-            ctx_release(lc);
-            return FERRY_ENOMEM;
-        }
-    }
-    if (posix_memalign((void **)&lc->f32, FERRY__IO_ALIGN, bytes)) {
+    if (lc->cap < bytes || (pin && lc->pinned != pin))
         ctx_release(lc);
-        return FERRY_ENOMEM;
+    if (lc->cap < bytes)
+        lc->cap = bytes;
+    if (pin)
+        lc->pinned = pin;
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        if (need & NEED_STAGE)
+            rc = ctx_alloc(lc->pinned, &lc->stage[i], lc->cap + 2 * FERRY__IO_ALIGN);
+        if (!rc && (need & NEED_CONV))
+            rc = ctx_alloc(lc->pinned, &lc->conv[i], lc->cap);
     }
-    lc->cap = bytes;
-    return 0;
+    if (!rc && (need & NEED_F32))
+        rc = ctx_alloc(NULL, (unsigned char **)&lc->f32, lc->cap);
+    return rc;
 }
 
 static void ctx_free(loader_ctx *lc)
 {
     ctx_release(lc);
+    free(lc->scratch);
 }
 
 static int wait_slot(ferry_device *d, loader_ctx *lc, int slot)
@@ -242,7 +249,10 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
     } else {
         step = chunk_elems(in, out);
     }
-    int rc = ctx_buffers(lc, need, d);
+    int rc = ctx_buffers(lc, (src_host ? 0 : NEED_STAGE) |
+                                 (!to_host && (converted || merging) ? NEED_CONV : 0) |
+                                 (merging ? NEED_F32 : 0),
+                         need, d);
     if (rc)
         return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
     int slot = 0;
@@ -392,13 +402,15 @@ static int populate(ferry *f, loader_ctx *lc, ferry_tensor *t, ferry__err *e)
 {
     if (ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >= 0.98)
         return 0;
-    int rc = ctx_buffers(lc, FERRY__XFER_CHUNK, NULL);
-    if (rc)
-        return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
+    const uint64_t step = UINT64_C(4) << 20;
+    if (!lc->scratch && posix_memalign((void **)&lc->scratch, FERRY__IO_ALIGN, step))
+        return ferry__fail(e, FERRY_ENOMEM, "tensor '%s': out of memory for a read buffer",
+                           t->info.name);
+    int rc = 0;
     ferry__iofile_advise(t->file, t->info.offset, t->info.nbytes, MADV_SEQUENTIAL);
-    for (uint64_t off = 0; off < t->info.nbytes && !rc; off += FERRY__XFER_CHUNK) {
-        uint64_t len = FERRY__MIN(FERRY__XFER_CHUNK, t->info.nbytes - off);
-        rc = ferry__io_read(t->file, t->info.offset + off, len, lc->stage[0], FERRY_LOAD_READ, e);
+    for (uint64_t off = 0; off < t->info.nbytes && !rc; off += step) {
+        uint64_t len = FERRY__MIN(step, t->info.nbytes - off);
+        rc = ferry__io_read(t->file, t->info.offset + off, len, lc->scratch, FERRY_LOAD_READ, e);
         if (!rc)
             add_stat(&f->a_bytes_read, len);
     }
