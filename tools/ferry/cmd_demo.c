@@ -1,7 +1,10 @@
 /*
- * cmd_demo.c — `ferry demo`: with no arguments, shows ferry on a model it makes itself. For now it
+ * cmd_demo.c — `ferry demo`: with no arguments, shows ferry's job on a model it makes itself. It
  * generates a sample llama model (f16, 256 MiB) into the user's cache folder — reused on later
- * runs when it is still there and whole — and opens it into a catalog, timing the open.
+ * runs when it is still there and whole — then opens it, loads it cold and warm beside the
+ * machine's own limits, streams it through a host budget of a quarter of its size with the
+ * bytes read against the optimum, merges a generated LoRA adapter and switches it, and prints a
+ * short summary with what to try next. Under a minute on a 2-core machine.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -9,13 +12,17 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "gen_lora.h"
+#include "limits.h"
 #include "synth.h"
 
 static const char *HELP =
     "usage: ferry demo [--dir DIR] [--size SIZE] [--seed N]\n"
     "\n"
     "Generates a sample llama model (f16) into the cache folder ($XDG_CACHE_HOME/ferry or\n"
-    "~/.cache/ferry), reusing it when it is already there, and inspects it.\n"
+    "~/.cache/ferry), reusing it when it is already there, then shows what ferry does with it:\n"
+    "cold and warm loads beside the machine's limits, streaming through a budget of a quarter\n"
+    "of the model, and a LoRA adapter merged at staging and switched.\n"
     "\n"
     "options:\n"
     "  --dir DIR      folder for the model instead of the cache folder\n"
@@ -87,6 +94,307 @@ static int reusable(const char *path, const synth_model *m)
     return ok;
 }
 
+/* ---- the steps ------------------------------------------------------------------------------- */
+
+typedef struct demo_figures {
+    double direct, fresh, memcpy_bw, cold, warm, zero_copy_s;
+    double stream_s, stream_gbps;
+    uint64_t stream_read, stream_opt, budget, host_peak;
+    double merge_s, switch_s;
+    uint64_t switch_read;
+} demo_figures;
+
+static demo_figures fig;
+
+/* A manager on PATH with one policy for every tensor; NULL after printing why. */
+static ferry *open_model(const char *path, const ferry_policy *p, uint64_t host_budget)
+{
+    ferry_options o = {0};
+    o.host_budget = host_budget;
+    ferry *f = ferry_create(&o);
+    if (!f) {
+        cli_error("out of memory");
+        return NULL;
+    }
+    if (ferry_open(f, path, NULL) || ferry_group_add(f, "all", "*", p)) {
+        cli_fail(path, ferry_errmsg(f), -1);
+        ferry_destroy(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Seconds ferry takes to load PATH to its home (host) with POLICY, or a negative value. */
+static double timed_load(const char *path, const ferry_policy *p, int cold)
+{
+    if (cold)
+        limits_drop_cache(path);
+    double t0 = cli_now();
+    ferry *f = open_model(path, p, 0);
+    if (!f)
+        return -1;
+    int rc = ferry_load_group(f, NULL);
+    double s = cli_now() - t0;
+    if (rc)
+        cli_fail(path, ferry_errmsg(f), rc);
+    ferry_destroy(f);
+    return rc ? -1 : s;
+}
+
+static double median3(double a, double b, double c)
+{
+    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
+static int demo_load(const char *path, uint64_t model)
+{
+    printf("\nload      into host RAM; each figure beside the machine's own limit, median of 3\n");
+    fflush(stdout);
+    ferry_policy direct = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
+    ferry_policy read = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ};
+    ferry_policy zc = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
+    double lim[3], fr[3], cold[3], mc[3], warm[3];
+    for (int i = 0; i < 3; i++) { /* limit, ferry, limit, ferry: a drifting disk shows in both */
+        lim[i] = limits_direct_read(path, 2, UINT64_C(64) << 20);
+        double s = timed_load(path, &direct, 1);
+        cold[i] = s > 0 ? model / s / 1e9 : -1;
+        fr[i] = limits_fresh_memory_best(model, NULL);
+    }
+    limits_warm_file(path);
+    for (int i = 0; i < 3; i++) {
+        mc[i] = limits_memcpy(model < (UINT64_C(256) << 20) ? model : UINT64_C(256) << 20);
+        double s = timed_load(path, &read, 0);
+        warm[i] = s > 0 ? model / s / 1e9 : -1;
+    }
+    fig.direct = median3(lim[0], lim[1], lim[2]);
+    fig.fresh = median3(fr[0], fr[1], fr[2]);
+    fig.cold = median3(cold[0], cold[1], cold[2]);
+    fig.memcpy_bw = median3(mc[0], mc[1], mc[2]);
+    fig.warm = median3(warm[0], warm[1], warm[2]);
+    fig.zero_copy_s = timed_load(path, &zc, 0);
+    if (fig.cold < 0 || fig.warm < 0 || fig.zero_copy_s < 0)
+        return CLI_EXIT_FAIL;
+    double cold_bound = fig.direct < fig.fresh ? fig.direct : fig.fresh;
+    double warm_bound = fig.memcpy_bw < fig.fresh ? fig.memcpy_bw : fig.fresh;
+    printf("  cold (O_DIRECT into fresh memory)  %6.2f GB/s   limit %5.2f = min(disk %.2f, "
+           "fresh memory %.2f)   ratio %.2f\n",
+           fig.cold, cold_bound, fig.direct, fig.fresh, fig.cold / cold_bound);
+    printf("  warm (page cache to host copy)     %6.2f GB/s   limit %5.2f = min(memcpy %.2f, "
+           "fresh memory %.2f)   ratio %.2f\n",
+           fig.warm, warm_bound, fig.memcpy_bw, fig.fresh, fig.warm / warm_bound);
+    printf("  warm, zero-copy (--load auto)      %6.1f ms     nothing copied: pointers into the "
+           "file mapping\n",
+           fig.zero_copy_s * 1e3);
+    return CLI_EXIT_OK;
+}
+
+/* The layer a tensor belongs to, as `ferry run` groups them: name up to the first all-digit
+ * component ("blk.3"), or the name without its last component. */
+static size_t layer_key(const char *name)
+{
+    const char *p = name;
+    while (*p) {
+        const char *dot = strchr(p, '.');
+        size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        int digits = len > 0;
+        for (size_t i = 0; i < len; i++)
+            digits &= p[i] >= '0' && p[i] <= '9';
+        if (digits)
+            return (size_t)(p - name) + len;
+        if (!dot)
+            break;
+        p = dot + 1;
+    }
+    const char *last = strrchr(name, '.');
+    return last ? (size_t)(last - name) : strlen(name);
+}
+
+static int demo_stream(const char *path, uint64_t model, int quiet)
+{
+    uint64_t budget = model / 4;
+    ferry_policy disk = {.home = FERRY_HOME_DISK};
+    ferry *f = open_model(path, &disk, budget);
+    if (!f)
+        return CLI_EXIT_FAIL;
+    const ferry_catalog *c = ferry_catalog_of(f);
+    size_t n = ferry_catalog_count(c);
+    ferry_tensor **ts = calloc(n, sizeof *ts);
+    size_t *start = calloc(n + 1, sizeof *start), nsets = 0;
+    uint64_t *set_bytes = calloc(n + 1, sizeof *set_bytes);
+    float *x = NULL, *y = NULL;
+    uint64_t max_cols = 1, max_rows = 1;
+    if (!ts || !start || !set_bytes) {
+        free(ts), free(start), free(set_bytes);
+        ferry_destroy(f);
+        return cli_error("out of memory");
+    }
+    const char *prev = NULL;
+    size_t prev_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor_info info;
+        ferry_catalog_tensor(c, i, &info);
+        ts[i] = ferry_find(f, info.name);
+        size_t len = layer_key(info.name);
+        if (!prev || len != prev_len || strncmp(prev, info.name, len))
+            start[nsets++] = i;
+        set_bytes[nsets - 1] += info.nbytes;
+        prev = info.name;
+        prev_len = len;
+        max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
+        max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
+    }
+    start[nsets] = n;
+    /* W: the layer in use plus the one being prefetched, at their largest (wrapping around) */
+    uint64_t w = 0;
+    for (size_t k = 0; k < nsets; k++) {
+        uint64_t pair = set_bytes[k] + set_bytes[(k + 1) % nsets];
+        w = pair > w ? pair : w;
+    }
+    x = calloc(max_cols, sizeof *x);
+    y = calloc(max_rows, sizeof *y);
+    for (uint64_t i = 0; x && i < max_cols; i++)
+        x[i] = 0.001f * (float)(i % 97);
+    printf("\nstream    home disk, host budget %s (a quarter), %zu layers, 4 passes, cold file\n",
+           cli_size(budget, (char[32]){0}), nsets);
+    fflush(stdout);
+    limits_drop_cache(path);
+    cli_progress bar;
+    cli_progress_start(&bar, "stream", 4 * nsets, !quiet);
+    int rc = 0;
+    double pass_s[4];
+    uint64_t pass_read[4];
+    for (int p = 0; p < 4 && !rc && x && y; p++) {
+        ferry_stats s0, s1;
+        ferry_get_stats(f, &s0);
+        double t0 = cli_now();
+        for (size_t k = 0; k < nsets && !rc; k++) {
+            size_t cnt = start[k + 1] - start[k];
+            if ((rc = ferry_prepare(f, ts + start[k], cnt)) != 0) {
+                cli_fail(path, ferry_errmsg(f), rc);
+                break;
+            }
+            for (size_t i = start[k]; i < start[k + 1]; i++) {
+                ferry_tensor_info info;
+                ferry_tensor_get_info(ts[i], &info);
+                if (info.ndim >= 2)
+                    ferry_matvec(ferry_tensor_dtype(ts[i]), ferry_tensor_data(ts[i]), info.n_rows,
+                                 info.row_elems, x, y);
+            }
+            ferry_release(f, ts + start[k], cnt);
+            cli_progress_update(&bar, (uint64_t)p * nsets + k + 1);
+        }
+        pass_s[p] = cli_now() - t0;
+        ferry_get_stats(f, &s1);
+        pass_read[p] = s1.bytes_read - s0.bytes_read;
+    }
+    cli_progress_end(&bar);
+    if (!rc && x && y) {
+        ferry_stats st;
+        ferry_get_stats(f, &st);
+        char b1[32], b2[32], b3[32];
+        for (int p = 0; p < 4; p++)
+            printf("  pass %d   %6.3f s   read %10s%s\n", p + 1, pass_s[p],
+                   cli_size(pass_read[p], b1), p ? "" : "   (first pass: everything, recording the order)");
+        fig.stream_read = pass_read[3];
+        fig.stream_s = pass_s[3];
+        fig.stream_opt = model - budget + w;
+        fig.budget = budget;
+        fig.host_peak = st.peak_bytes[0];
+        printf("  later passes read %s; the optimum M - B + W is %s (LRU and the page cache "
+               "re-read all %s)\n",
+               cli_size(pass_read[3], b1), cli_size(fig.stream_opt, b2), cli_size(model, b3));
+        printf("  ferry's host memory peaked at %s of the %s budget; prefetch hits %llu, misses "
+               "%llu\n",
+               cli_size(st.peak_bytes[0], b1), cli_size(budget, b2),
+               (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses);
+    }
+    free(x), free(y), free(ts), free(start), free(set_bytes);
+    ferry_destroy(f);
+    return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+static int demo_lora(const char *path, const char *folder, int quiet)
+{
+    char adapter[4300];
+    /* named after the model it was made for */
+    const char *base = strrchr(path, '/');
+    snprintf(adapter, sizeof adapter, "%s/%.*s.lora-r16.safetensors", folder,
+             (int)(strlen(base ? base + 1 : path) - 5), base ? base + 1 : path);
+    struct stat sb;
+    if (stat(adapter, &sb) != 0 && ferry_gen_lora(path, adapter, 16, "peft", 7, 1) != 0)
+        return CLI_EXIT_FAIL;
+    printf("\nlora      %s (PEFT, rank 16), merged at staging; home host\n", adapter);
+    ferry_policy host = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ};
+    ferry *f = open_model(path, &host, 0);
+    if (!f)
+        return CLI_EXIT_FAIL;
+    int rc = ferry_load_group(f, NULL), id = -1;
+    ferry_lora_info info;
+    if (!rc)
+        rc = ferry_lora_add(f, adapter, 1.0f, NULL, &id);
+    if (!rc)
+        rc = ferry_lora_get_info(f, id, &info);
+    const ferry_catalog *c = ferry_catalog_of(f);
+    size_t n = ferry_catalog_count(c);
+    ferry_tensor **ts = calloc(n ? n : 1, sizeof *ts);
+    for (size_t i = 0; ts && i < n; i++) {
+        ferry_tensor_info ti;
+        ferry_catalog_tensor(c, i, &ti);
+        ts[i] = ferry_find(f, ti.name);
+    }
+    double t0 = cli_now();
+    for (size_t i = 0; !rc && ts && i < n; i++)
+        if (!(rc = ferry_prepare(f, &ts[i], 1)))
+            ferry_release(f, &ts[i], 1);
+    fig.merge_s = cli_now() - t0;
+    ferry_stats s0, s1;
+    ferry_get_stats(f, &s0);
+    if (!rc)
+        rc = ferry_lora_set_multiplier(f, id, 0.5f);
+    t0 = cli_now();
+    for (size_t i = 0; !rc && ts && i < n; i++)
+        if (!(rc = ferry_prepare(f, &ts[i], 1)))
+            ferry_release(f, &ts[i], 1);
+    fig.switch_s = cli_now() - t0;
+    ferry_get_stats(f, &s1);
+    fig.switch_read = s1.bytes_read - s0.bytes_read;
+    if (rc) {
+        cli_fail(path, ferry_errmsg(f), rc);
+    } else {
+        char b1[32];
+        printf("  %u factor pairs matched %u weights (%s of f32 factors cached once)\n",
+               info.n_pairs, info.n_matched, cli_size(info.factor_bytes, b1));
+        printf("  every weight staged with the adapter merged   %.3f s\n", fig.merge_s);
+        printf("  multiplier 1.0 -> 0.5 (new epoch), restaged   %.3f s, base bytes read from the "
+               "file again: %s\n",
+               fig.switch_s, cli_size(fig.switch_read, b1));
+    }
+    (void)quiet;
+    free(ts);
+    ferry_destroy(f);
+    return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+static void demo_summary(const char *path)
+{
+    char b1[32], b2[32];
+    double cold_bound = fig.direct < fig.fresh ? fig.direct : fig.fresh;
+    printf("\nsummary\n");
+    printf("  cold load %.2f GB/s = %.2f of the machine's limit; warm load %.2f GB/s; zero-copy "
+           "needs no copy at all\n",
+           fig.cold, fig.cold / cold_bound, fig.warm);
+    printf("  streaming through a quarter of the model read %s per pass (optimum %s), ferry's "
+           "host peak %s\n",
+           cli_size(fig.stream_read, b1), cli_size(fig.stream_opt, b2),
+           cli_size(fig.host_peak, (char[32]){0}));
+    printf("  switching an adapter re-read %s of the base\n", cli_size(fig.switch_read, b1));
+    printf("\nnext\n");
+    printf("  ferry bench %s                 every target, with the machine's limits\n", path);
+    printf("  ferry run %s --device sim:64MiB@8GB/s --budget device=32MiB --verify\n", path);
+    printf("  ferry plan %s --home disk --lazy on      where each tensor would live\n", path);
+    printf("  ferry run %s --trace trace.json          open it in Perfetto\n", path);
+}
+
 int cmd_demo(int argc, char **argv)
 {
     const char *dir = NULL, *size = NULL, *seed = NULL;
@@ -112,11 +420,19 @@ int cmd_demo(int argc, char **argv)
     cfg.arch = SYNTH_LLAMA;
     cfg.format = FERRY_FORMAT_GGUF;
     cfg.dtype = FERRY_DTYPE_F16;
-    cfg.target_bytes = UINT64_C(256) << 20;
-    if (size && (rc = cli_arg_size("demo", "size", size, &cfg.target_bytes)) != 0)
-        return rc;
-    if (cfg.target_bytes == 0)
-        return cli_usage_error("demo", "--size: must be more than 0");
+    /* Many layers and a small vocabulary: with a budget of a quarter of the model, the working
+     * set (two layers) must be well below the budget for caching to show. About 254 MiB. */
+    cfg.layers = 24;
+    cfg.dim = 640;
+    cfg.ff = 1792;
+    cfg.vocab = 8192;
+    if (size) {
+        if ((rc = cli_arg_size("demo", "size", size, &cfg.target_bytes)) != 0)
+            return rc;
+        if (cfg.target_bytes == 0)
+            return cli_usage_error("demo", "--size: must be more than 0");
+        cfg.layers = cfg.dim = cfg.ff = cfg.vocab = 0;
+    }
     if (seed && (rc = cli_arg_u64("demo", "seed", seed, 0, UINT64_MAX, &cfg.seed)) != 0)
         return rc;
 
@@ -136,7 +452,9 @@ int cmd_demo(int argc, char **argv)
         return rc == CLI_EXIT_USAGE ? cli_usage_error("demo", "%s", err) : cli_error("%s", err);
     }
     char tag[32];
-    if (cfg.target_bytes % (UINT64_C(1) << 20) == 0)
+    if (!cfg.target_bytes)
+        snprintf(tag, sizeof tag, "24x640");
+    else if (cfg.target_bytes % (UINT64_C(1) << 20) == 0)
         snprintf(tag, sizeof tag, "%lluMiB", (unsigned long long)(cfg.target_bytes >> 20));
     else
         snprintf(tag, sizeof tag, "%llu", (unsigned long long)cfg.target_bytes);
@@ -177,9 +495,16 @@ int cmd_demo(int argc, char **argv)
     }
     const char *arch = "?";
     ferry_catalog_get_str(c, "general.architecture", &arch);
+    uint64_t model = ferry_catalog_total_bytes(c);
     printf("\ncatalog   %zu tensors, %s, architecture %s, opened in %.2f ms\n",
-           ferry_catalog_count(c), cli_size(ferry_catalog_total_bytes(c), a), arch,
-           secs * 1e3);
+           ferry_catalog_count(c), cli_size(model, a), arch, secs * 1e3);
     ferry_catalog_destroy(c);
-    return CLI_EXIT_OK;
+    rc = demo_load(path, model);
+    if (!rc)
+        rc = demo_stream(path, model, quiet);
+    if (!rc)
+        rc = demo_lora(path, folder, quiet);
+    if (!rc)
+        demo_summary(path);
+    return rc;
 }
