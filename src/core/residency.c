@@ -24,6 +24,7 @@
 #include "dtype/dtype.h"
 
 #define FERRY__XFER_CHUNK (UINT64_C(16) << 20)
+#define FERRY__POPULATE_STEP (UINT64_C(4) << 20) /* bytes per populate read */
 #define FERRY__MAX_PREFETCH 4
 #define FERRY__PREFETCH_SCAN 256
 #define FERRY__PARALLEL_READ (UINT64_C(4) << 20) /* reads this large go to the I/O pool */
@@ -402,7 +403,7 @@ static int populate(ferry *f, loader_ctx *lc, ferry_tensor *t, ferry__err *e)
 {
     if (ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >= 0.98)
         return 0;
-    const uint64_t step = UINT64_C(4) << 20;
+    const uint64_t step = FERRY__POPULATE_STEP;
     if (!lc->scratch && posix_memalign((void **)&lc->scratch, FERRY__IO_ALIGN, step))
         return ferry__fail(e, FERRY_ENOMEM, "tensor '%s': out of memory for a read buffer",
                            t->info.name);
