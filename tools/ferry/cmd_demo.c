@@ -213,7 +213,7 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
 {
     uint64_t budget = model / 4;
     ferry_policy disk = {.home = FERRY_HOME_DISK};
-    ferry *f = open_model(path, &disk, budget);
+    ferry *f = open_model(path, &disk, 0);
     if (!f)
         return CLI_EXIT_FAIL;
     const ferry_catalog *c = ferry_catalog_of(f);
@@ -254,8 +254,16 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
     y = calloc(max_rows, sizeof *y);
     for (uint64_t i = 0; x && i < max_cols; i++)
         x[i] = 0.001f * (float)(i % 97);
-    printf("\nstream    home disk, host budget %s (a quarter), %zu layers, 4 passes, cold file\n",
-           cli_size(budget, (char[32]){0}), nsets);
+    /* A small model's quarter may not hold two layers at once: then the budget is the working
+     * set plus the page of headroom each buffer has for direct I/O. */
+    const char *why = "a quarter";
+    if (budget < w + (uint64_t)n * 8192) {
+        budget = w + (uint64_t)n * 8192;
+        why = "raised to the working set";
+    }
+    ferry_set_budget(f, 0, budget);
+    printf("\nstream    home disk, host budget %s (%s), %zu layers, 4 passes, cold file\n",
+           cli_size(budget, (char[32]){0}), why, nsets);
     fflush(stdout);
     limits_drop_cache(path);
     cli_progress bar;
