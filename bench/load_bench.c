@@ -11,8 +11,9 @@
  * A ratio above 1.0 against a limit means the limit was measured wrong.
  *
  * What is measured (GB/s = 10^9 bytes of tensor data, or of file for the limits, per second):
- *   direct        ferry__limit_direct_read (drops the cache itself), best of --readers
- *   first-touch   ferry__limit_first_touch of the file's size
+ *   direct        limits_direct_read (tools/ferry/limits.c; drops the cache itself), best of
+ *                 --readers
+ *   first-touch   limits_fresh_memory_best of the file's size (best of 1 and 2 threads)
  *   ferry-direct  cold: ferry_create, ferry_open, ferry_group_add("*", home host, load DIRECT),
  *                 ferry_load_group(NULL), then ferry_prepare of every tensor and a read of one
  *                 byte per page of every data pointer ("ready": the bytes are in RAM and usable);
@@ -32,7 +33,7 @@
  *                 threads, fresh destination) without its manager (informational, off by default)
  *   direct-huge   the same with madvise(MADV_HUGEPAGE) on the destination first (transparent huge
  *                 pages are "madvise" on these machines) (informational, off by default)
- *   memcpy        ferry__limit_memcpy of min(file, 1 GiB)
+ *   memcpy        limits_memcpy of min(file, 1 GiB)
  *   warm-read     ferry with load READ, file in the page cache
  *   warm-auto     ferry with load AUTO, file in the page cache (zero-copy: page-table cost only)
  *   warm-direct   ferry with load DIRECT, file in the page cache (informational)
@@ -44,7 +45,7 @@
  *                     (width 2048, vocab 32000: never smaller than about 350 MiB)
  *   --runs N          rounds (default 3); medians over rounds are quoted
  *   --only LIST       comma-separated subset of the names above
- *   --readers LIST    reader counts for the direct limit (default 1,2,4)
+ *   --readers LIST    reader counts for the direct limit (default 1,2,4,8)
  *   --request SIZE    request size of the direct limit (default 64MiB)
  *   --io-threads N    ferry_options.io_threads (default: ferry's default)
  *   --no-verify       skip the check of each tensor's first and last bytes after ferry runs
@@ -61,7 +62,7 @@
 #include <unistd.h>
 
 #include "ferry.h"
-#include "io/limits.h"
+#include "../tools/ferry/limits.h" /* the limits `ferry bench` measures; plain POSIX */
 
 #include "bench_util.h"
 
@@ -237,7 +238,7 @@ static int run_direct(bench *b, size_t run, double *best)
 {
     *best = 0;
     for (size_t i = 0; i < b->n_readers; i++) {
-        double g = ferry__limit_direct_read(b->path, b->readers[i], b->request);
+        double g = limits_direct_read(b->path, b->readers[i], b->request);
         if (g < 0) {
             fprintf(stderr, "load_bench: direct limit with %u readers: %s\n", b->readers[i],
                     ferry_strerror((int)g));
@@ -529,7 +530,7 @@ static int round_once(bench *b, size_t run)
     if (b->enabled[M_FERRY_DIRECT] && ferry_step(b, M_FERRY_DIRECT, FERRY_LOAD_DIRECT, 1))
         return -1;
     if (b->enabled[M_FIRST_TOUCH] &&
-        limit_step(b, M_FIRST_TOUCH, ferry__limit_first_touch(b->file_bytes)))
+        limit_step(b, M_FIRST_TOUCH, limits_fresh_memory_best(b->file_bytes, NULL)))
         return -1;
     if (b->enabled[M_FERRY_AUTO] && ferry_step(b, M_FERRY_AUTO, FERRY_LOAD_AUTO, 1))
         return -1;
@@ -571,7 +572,7 @@ static int round_once(bench *b, size_t run)
         fprintf(stderr, "load_bench: warning: %s is not fully in the page cache for the warm runs\n",
                 b->path);
     uint64_t mc = b->file_bytes < (UINT64_C(1) << 30) ? b->file_bytes : (UINT64_C(1) << 30);
-    if (b->enabled[M_MEMCPY] && limit_step(b, M_MEMCPY, ferry__limit_memcpy(mc)))
+    if (b->enabled[M_MEMCPY] && limit_step(b, M_MEMCPY, limits_memcpy(mc)))
         return -1;
     if (b->enabled[M_WARM_READ] && ferry_step(b, M_WARM_READ, FERRY_LOAD_READ, 0))
         return -1;
@@ -721,7 +722,8 @@ int main(int argc, char **argv)
     b.readers[0] = 1;
     b.readers[1] = 2;
     b.readers[2] = 4;
-    b.n_readers = 3;
+    b.readers[3] = 8;
+    b.n_readers = 4;
     b.request = UINT64_C(64) << 20;
     b.verify = 1;
     b.page = sysconf(_SC_PAGESIZE);
@@ -797,7 +799,7 @@ int main(int argc, char **argv)
     return 0;
 usage:
     fprintf(stderr,
-            "usage: load_bench [--gen SIZE] [--runs N] [--only LIST] [--readers 1,2,4]\n"
+            "usage: load_bench [--gen SIZE] [--runs N] [--only LIST] [--readers 1,2,4,8]\n"
             "                  [--request SIZE] [--io-threads N] [--no-verify] MODEL\n"
             "measurements: direct first-touch ferry-direct ferry-auto ferry-read mmap-fault\n"
             "              mmap-populate mmap-willneed memcpy warm-read warm-auto warm-direct\n"

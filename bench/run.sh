@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench/run.sh — builds the benchmark programs and runs them in order: open_bench (parse +
 # catalog targets), touch_probe (how fast fresh memory becomes usable), load_bench (cold and warm
-# load targets) on a model of $SIZE generated with `ferry gen` (or load_bench --gen without it).
+# load targets) and `ferry bench` (loads and streams beside the limits) on a model of $SIZE
+# generated with `ferry gen` (or load_bench --gen without it).
 #
 #   bench/run.sh                     1 GiB model, 3 rounds, build dir build/
 #   SIZE=2GiB RUNS=3 bench/run.sh    the size the load targets are stated for (>= 2 GiB)
@@ -9,7 +10,7 @@
 #
 # Variables: BUILD (build dir, default build), SIZE (default 1GiB), RUNS (default 3), MODEL
 # (default /tmp/ferry-bench-$SIZE.gguf, generated when missing, kept afterwards), ONLY (a
-# load_bench --only list), SKIP_OPEN=1 / SKIP_PROBE=1 to skip those parts.
+# load_bench --only list), SKIP_OPEN=1 / SKIP_PROBE=1 / SKIP_FERRY_BENCH=1 to skip those parts.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -38,4 +39,8 @@ if [ -n "${ONLY:-}" ]; then
     "$BUILD/bench/load_bench" --runs "$RUNS" --only "$ONLY" "$MODEL"
 else
     "$BUILD/bench/load_bench" --runs "$RUNS" "$MODEL"
+fi
+if [ -z "${SKIP_FERRY_BENCH:-}" ]; then
+    echo "== ferry bench $MODEL"
+    "$BUILD/ferry" bench --runs "$RUNS" -q "$MODEL"
 fi

@@ -49,9 +49,18 @@ typedef struct ferry__tdesc {
     int64_t shape[FERRY_MAX_DIMS]; /* the file's own order */
 } ferry__tdesc;
 
+/* Ownership of a metadata value (ferry__value_free releases exactly this; every producer of owned
+ * values — the GGUF reader, ferry__value_copy, the safetensors and index readers — follows it):
+ *  - a STRING value's ptr is its own malloc'd block (len + 1 bytes, NUL-terminated);
+ *  - an ARRAY value is ONE malloc'd block starting at items (NULL when empty): its n items, then
+ *    the items of every array nested in it (at any depth), then the bytes of every string inside
+ *    it, each NUL-terminated. Strings and nested arrays inside an array point into that block and
+ *    are never freed on their own: freeing items frees all of them. A huge vocabulary (128k
+ *    tokens) thus costs one allocation, not one per token.
+ *  - scalars own nothing. */
 typedef struct ferry__kv {
     char *key;         /* owned */
-    ferry_value val;   /* owned: strings and arrays are malloc'd (free with ferry__value_free) */
+    ferry_value val;   /* owned, as above */
 } ferry__kv;
 
 typedef struct ferry__parsed {
@@ -67,7 +76,9 @@ typedef struct ferry__parsed {
 
 void ferry__parsed_free(ferry__parsed *p);
 void ferry__value_free(ferry_value *v);
-/* Deep copy of a value (strings and arrays copied). */
+/* Deep copy of a value (strings and arrays copied), owned by the rule above (an array copied into
+ * one block). FERRY_ENOMEM, or FERRY_EINVAL / FERRY_EOVERFLOW for an array whose items are missing
+ * or too large; on failure nothing is left to free in DST. */
 int ferry__value_copy(ferry_value *dst, const ferry_value *src);
 /* Appends to the arrays (growing them); the tdesc/kv are moved in (ownership taken on success). */
 int ferry__parsed_add_tensor(ferry__parsed *p, const ferry__tdesc *t);

@@ -206,9 +206,166 @@ static int decode_scalar(cursor *c, uint32_t t, const unsigned char *p, ferry_va
     return 0;
 }
 
-/* Reads a value of type T into *OUT (zeroed by the caller). DEPTH counts the arrays around it.
- * On failure *OUT holds only what ferry__value_free releases. */
-static int rd_value(cursor *c, uint32_t t, unsigned depth, ferry_value *out, const char *key)
+/* ---- arrays ------------------------------------------------------------------------------------
+ * An array value is ONE allocation (the rule is in formats.h, at ferry__kv): its items, then the
+ * items of every array nested in it, then the bytes of every string in it, each NUL-terminated.
+ * The block's size is known only once the encoded array has been walked, so an array is read in
+ * two passes over the same bytes: measure_items checks everything (bounds, types, nesting, the
+ * item limit, bool values) and counts items and string bytes; fill_items then decodes what was
+ * checked into the block and cannot fail. A vocabulary of 128k tokens thus costs one malloc and
+ * one free instead of 128k of each. */
+
+/* Where fill_items puts the next nested items and the next string bytes of a block. */
+typedef struct blockfill {
+    ferry_value *items;
+    char *str;
+} blockfill;
+
+/* Reads the head of an array at DEPTH (0: a key's own value): its item type and count. Checks
+ * the nesting, the type, that the items could fit in what is left of the file, and the file's
+ * limit on array items (which it charges). */
+static int rd_array_head(cursor *c, unsigned depth, const char *key, uint32_t *elem, uint64_t *n)
+{
+    if (depth + 1 > FERRY__MAX_NESTING)
+        return ferry__fail(c->e, FERRY_ELIMIT,
+                           "%s: key '%s': arrays nested more than %u deep at offset %llu", c->path,
+                           key, FERRY__MAX_NESTING, (unsigned long long)c->pos);
+    int rc = rd_u32(c, elem, "an array type");
+    if (!rc)
+        rc = rd_u64(c, n, "an array length");
+    if (rc)
+        return rc;
+    if (!valid_vtype(*elem))
+        return ferry__fail(c->e, FERRY_EFORMAT,
+                           "%s: key '%s': unknown array item type %u at offset %llu", c->path, key,
+                           *elem, (unsigned long long)(c->pos - 12));
+    if ((rc = bound(c, *n, min_item_size(*elem), "the array of key", key)))
+        return rc;
+    if (*n > GGUF_MAX_ITEMS - c->items)
+        return ferry__fail(c->e, FERRY_ELIMIT,
+                           "%s: key '%s': array of %llu items at offset %llu exceeds the limit of "
+                           "%llu metadata array items per file",
+                           c->path, key, (unsigned long long)*n, (unsigned long long)(c->pos - 12),
+                           (unsigned long long)GGUF_MAX_ITEMS);
+    c->items += *n;
+    return 0;
+}
+
+/* First pass over the N items of type ELEM of an array at DEPTH, from c->pos: checks them and
+ * adds the items of nested arrays to *ITEMS and the bytes of strings (NULs included) to *BYTES.
+ * Both stay below the file's size plus GGUF_MAX_ITEMS, so they cannot overflow. Leaves c->pos
+ * after the array. */
+static int measure_items(cursor *c, uint32_t elem, uint64_t n, unsigned depth, uint64_t *items,
+                         uint64_t *bytes, const char *key)
+{
+    unsigned sz = scalar_size(elem);
+    if (sz) {
+        /* rd_array_head's bound() proved n * sz bytes are there. */
+        const unsigned char *p = c->d + c->pos;
+        if (elem == FERRY_VALUE_BOOL)
+            for (uint64_t i = 0; i < n; i++)
+                if (p[i] > 1)
+                    return ferry__fail(c->e, FERRY_EFORMAT,
+                                       "%s: key '%s': bool value %u at offset %llu is neither 0 "
+                                       "nor 1",
+                                       c->path, key, p[i], (unsigned long long)(c->pos + i));
+        c->pos += n * sz;
+        return 0;
+    }
+    if (elem == FERRY_VALUE_STRING) {
+        /* The hot loop of a vocabulary: lengths only, the checks of rd_u64 and bound() inline;
+         * on a failure those two are called again to write the message. */
+        uint64_t pos = c->pos, sum = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t len;
+            if (c->size - pos < 8 || (len = ferry__le64(c->d + pos)) > c->size - pos - 8) {
+                c->pos = pos;
+                int rc = rd_u64(c, &len, "a string length");
+                if (!rc)
+                    rc = bound(c, len, 1, "the string value of key", key);
+                return rc ? rc : FERRY_EINVAL;
+            }
+            pos += 8 + len;
+            sum += len + 1;
+        }
+        c->pos = pos;
+        *bytes += sum;
+        return 0;
+    }
+    /* FERRY_VALUE_ARRAY: rd_array_head accepts no other non-scalar type. */
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t e2;
+        uint64_t n2;
+        int rc = rd_array_head(c, depth + 1, key, &e2, &n2);
+        if (rc)
+            return rc;
+        *items += n2;
+        if ((rc = measure_items(c, e2, n2, depth + 1, items, bytes, key)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Second pass: decodes the N items of type ELEM at c->pos (checked by measure_items) into OUT,
+ * taking nested items and string bytes from BF. Leaves c->pos after the array. */
+static void fill_items(cursor *c, uint32_t elem, uint64_t n, ferry_value *out, blockfill *bf)
+{
+    const unsigned char *p = c->d + c->pos;
+    unsigned sz = scalar_size(elem);
+    /* One loop per type, so that the type is not decided again for every item. */
+    switch (elem) {
+#define FILL(VT, FIELD, EXPR)                                                                    \
+    for (uint64_t i = 0; i < n; i++, p += sz) {                                                  \
+        out[i].type = VT;                                                                        \
+        out[i].v.FIELD = (EXPR);                                                                 \
+    }                                                                                            \
+    break;
+    case FERRY_VALUE_U8: FILL(FERRY_VALUE_U8, u, p[0])
+    case FERRY_VALUE_BOOL: FILL(FERRY_VALUE_BOOL, u, p[0])
+    case FERRY_VALUE_I8: FILL(FERRY_VALUE_I8, i, (int8_t)p[0])
+    case FERRY_VALUE_U16: FILL(FERRY_VALUE_U16, u, ferry__le16(p))
+    case FERRY_VALUE_I16: FILL(FERRY_VALUE_I16, i, (int16_t)ferry__le16(p))
+    case FERRY_VALUE_U32: FILL(FERRY_VALUE_U32, u, ferry__le32(p))
+    case FERRY_VALUE_I32: FILL(FERRY_VALUE_I32, i, (int32_t)ferry__le32(p))
+    case FERRY_VALUE_F32: FILL(FERRY_VALUE_F32, f, f32_from_bits(ferry__le32(p)))
+    case FERRY_VALUE_U64: FILL(FERRY_VALUE_U64, u, ferry__le64(p))
+    case FERRY_VALUE_I64: FILL(FERRY_VALUE_I64, i, (int64_t)ferry__le64(p))
+    case FERRY_VALUE_F64: FILL(FERRY_VALUE_F64, f, f64_from_bits(ferry__le64(p)))
+#undef FILL
+    case FERRY_VALUE_STRING:
+        for (uint64_t i = 0; i < n; i++) {
+            size_t len = (size_t)ferry__le64(p);
+            p += 8;
+            memcpy(bf->str, p, len);
+            bf->str[len] = 0;
+            out[i].type = FERRY_VALUE_STRING;
+            out[i].v.str.ptr = bf->str;
+            out[i].v.str.len = len;
+            bf->str += len + 1;
+            p += len;
+        }
+        break;
+    case FERRY_VALUE_ARRAY:
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t e2 = ferry__le32(p);
+            uint64_t n2 = ferry__le64(p + 4);
+            out[i].type = FERRY_VALUE_ARRAY;
+            out[i].v.arr.elem = (ferry_value_type)e2;
+            out[i].v.arr.n = n2;
+            out[i].v.arr.items = n2 ? bf->items : NULL;
+            bf->items += n2;
+            c->pos = (uint64_t)(p + 12 - c->d);
+            fill_items(c, e2, n2, (ferry_value *)out[i].v.arr.items, bf);
+            p = c->d + c->pos;
+        }
+        break;
+    }
+    c->pos = (uint64_t)(p - c->d);
+}
+
+/* Reads a value of type T into *OUT (zeroed by the caller): a key's own value. On failure *OUT
+ * holds only what ferry__value_free releases. */
+static int rd_value(cursor *c, uint32_t t, ferry_value *out, const char *key)
 {
     if (!valid_vtype(t))
         return ferry__fail(c->e, FERRY_EFORMAT, "%s: key '%s': unknown value type %u at offset %llu",
@@ -243,59 +400,38 @@ static int rd_value(cursor *c, uint32_t t, unsigned depth, ferry_value *out, con
         return 0;
     }
 
-    if (depth + 1 > FERRY__MAX_NESTING)
-        return ferry__fail(c->e, FERRY_ELIMIT,
-                           "%s: key '%s': arrays nested more than %u deep at offset %llu", c->path,
-                           key, FERRY__MAX_NESTING, (unsigned long long)c->pos);
     uint32_t elem;
     uint64_t n;
-    int rc = rd_u32(c, &elem, "an array type");
-    if (!rc)
-        rc = rd_u64(c, &n, "an array length");
+    int rc = rd_array_head(c, 0, key, &elem, &n);
     if (rc)
         return rc;
-    if (!valid_vtype(elem))
-        return ferry__fail(c->e, FERRY_EFORMAT,
-                           "%s: key '%s': unknown array item type %u at offset %llu", c->path, key,
-                           elem, (unsigned long long)(c->pos - 12));
-    if ((rc = bound(c, n, min_item_size(elem), "the array of key", key)))
-        return rc;
-    if (n > GGUF_MAX_ITEMS - c->items)
-        return ferry__fail(c->e, FERRY_ELIMIT,
-                           "%s: key '%s': array of %llu items at offset %llu exceeds the limit of "
-                           "%llu metadata array items per file",
-                           c->path, key, (unsigned long long)n, (unsigned long long)(c->pos - 12),
-                           (unsigned long long)GGUF_MAX_ITEMS);
-    c->items += n;
     out->type = FERRY_VALUE_ARRAY;
     out->v.arr.elem = (ferry_value_type)elem;
     out->v.arr.n = 0;
     out->v.arr.items = NULL;
     if (n == 0)
         return 0;
-    /* n <= file size / item size, so the product below cannot overflow size_t on 64-bit hosts;
-     * on 32-bit hosts calloc checks it. */
-    ferry_value *items = calloc((size_t)n, sizeof *items);
-    if (!items)
-        return ferry__fail(c->e, FERRY_ENOMEM, "%s: key '%s': out of memory for %llu array items",
-                           c->path, key, (unsigned long long)n);
-    out->v.arr.items = items;
-    out->v.arr.n = n; /* calloc'd items are U8 zeros: freeing them all is safe at any point */
-    unsigned sz = scalar_size(elem);
-    if (sz) {
-        /* bound() above already proved n * sz bytes are there. */
-        const unsigned char *p = c->d + c->pos;
-        for (uint64_t i = 0; i < n; i++, p += sz)
-            if ((rc = decode_scalar(c, elem, p, &items[i], key)))
-                return rc;
-        c->pos += n * sz;
-        return 0;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t it = elem;
-        if ((rc = rd_value(c, it, depth + 1, &items[i], key)))
-            return rc;
-    }
+    uint64_t body = c->pos, n_items = n, n_bytes = 0, size;
+    if ((rc = measure_items(c, elem, n, 0, &n_items, &n_bytes, key)))
+        return rc;
+    uint64_t end = c->pos;
+    if (ferry__mul_u64(n_items, sizeof(ferry_value), &size) ||
+        ferry__add_u64(size, n_bytes, &size) || size > SIZE_MAX)
+        return ferry__fail(c->e, FERRY_EOVERFLOW, "%s: key '%s': array of %llu items and %llu "
+                           "string bytes is too large", c->path, key,
+                           (unsigned long long)n_items, (unsigned long long)n_bytes);
+    ferry_value *block = malloc((size_t)size);
+    if (!block)
+        return ferry__fail(c->e, FERRY_ENOMEM, "%s: key '%s': out of memory for %llu array items "
+                           "(%llu bytes)", c->path, key, (unsigned long long)n_items,
+                           (unsigned long long)size);
+    blockfill bf = {block + n, (char *)(block + n_items)};
+    c->pos = body;
+    fill_items(c, elem, n, block, &bf);
+    if (c->pos != end || bf.items != block + n_items || bf.str != (char *)block + size)
+        abort(); /* the two passes disagree: a bug here, not a bad file */
+    out->v.arr.n = n;
+    out->v.arr.items = block;
     return 0;
 }
 
@@ -374,7 +510,7 @@ int ferry__gguf_parse(const unsigned char *data, uint64_t size, const char *path
         uint32_t t;
         ferry_value v;
         memset(&v, 0, sizeof v);
-        if ((rc = rd_u32(c, &t, "a value type")) || (rc = rd_value(c, t, 0, &v, key))) {
+        if ((rc = rd_u32(c, &t, "a value type")) || (rc = rd_value(c, t, &v, key))) {
             ferry__value_free(&v);
             free(key);
             goto fail;

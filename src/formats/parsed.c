@@ -1,7 +1,8 @@
 /*
  * parsed.c — the in-memory result of parsing one model file (ferry__parsed), shared by the GGUF
- * and safetensors readers: growing arrays of tensors and metadata, deep value copies, the
- * one-file consistency check (unique names, no overlap, inside the file), and content sniffing.
+ * and safetensors readers: growing arrays of tensors and metadata, deep value copies (an array
+ * into one block, the ownership rule of formats.h), the one-file consistency check (unique names,
+ * no overlap, inside the file), and content sniffing.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -12,16 +13,60 @@ void ferry__value_free(ferry_value *v)
 {
     if (!v)
         return;
-    if (v->type == FERRY_VALUE_STRING) {
+    /* The ownership rule of formats.h (ferry__kv): a string is its own block; an array is one
+     * block at items that holds everything inside it, nested arrays and strings included, none of
+     * which is ever freed on its own. */
+    if (v->type == FERRY_VALUE_STRING)
         free((char *)v->v.str.ptr);
-    } else if (v->type == FERRY_VALUE_ARRAY) {
-        ferry_value *items = (ferry_value *)v->v.arr.items;
-        if (items && (v->v.arr.elem == FERRY_VALUE_STRING || v->v.arr.elem == FERRY_VALUE_ARRAY))
-            for (uint64_t i = 0; i < v->v.arr.n; i++)
-                ferry__value_free(&items[i]);
-        free(items);
-    }
+    else if (v->type == FERRY_VALUE_ARRAY)
+        free((ferry_value *)v->v.arr.items);
     memset(v, 0, sizeof *v);
+}
+
+/* Adds to *ITEMS the items of the arrays inside array V (at every depth) and to *BYTES the bytes
+ * of the strings inside it, NULs included. FERRY_EOVERFLOW when a sum overflows, FERRY_EINVAL for
+ * an array of n > 0 items without items. */
+static int inner_size(const ferry_value *v, uint64_t *items, uint64_t *bytes)
+{
+    if (v->v.arr.n && !v->v.arr.items)
+        return FERRY_EINVAL;
+    for (uint64_t i = 0; i < v->v.arr.n; i++) {
+        const ferry_value *it = &v->v.arr.items[i];
+        if (it->type == FERRY_VALUE_STRING) {
+            if (ferry__add_u64(*bytes, it->v.str.len, bytes) || ferry__add_u64(*bytes, 1, bytes))
+                return FERRY_EOVERFLOW;
+        } else if (it->type == FERRY_VALUE_ARRAY) {
+            if (ferry__add_u64(*items, it->v.arr.n, items))
+                return FERRY_EOVERFLOW;
+            int rc = inner_size(it, items, bytes);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Copies the N items of SRC to DST, taking nested items and string bytes from *NEXT / *STR. */
+static void copy_items(ferry_value *dst, const ferry_value *src, uint64_t n, ferry_value **next,
+                       char **str)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        dst[i] = src[i];
+        if (src[i].type == FERRY_VALUE_STRING) {
+            uint64_t len = src[i].v.str.len;
+            if (len)
+                memcpy(*str, src[i].v.str.ptr, (size_t)len);
+            (*str)[len] = 0;
+            dst[i].v.str.ptr = *str;
+            *str += len + 1;
+        } else if (src[i].type == FERRY_VALUE_ARRAY) {
+            uint64_t m = src[i].v.arr.n;
+            ferry_value *items = m ? *next : NULL;
+            *next += m;
+            dst[i].v.arr.items = items;
+            copy_items(items, src[i].v.arr.items, m, next, str);
+        }
+    }
 }
 
 int ferry__value_copy(ferry_value *dst, const ferry_value *src)
@@ -29,6 +74,7 @@ int ferry__value_copy(ferry_value *dst, const ferry_value *src)
     *dst = *src;
     if (src->type == FERRY_VALUE_STRING) {
         char *s = malloc(src->v.str.len + 1);
+        dst->v.str.ptr = s;
         if (!s)
             return FERRY_ENOMEM;
         if (src->v.str.len)
@@ -36,19 +82,24 @@ int ferry__value_copy(ferry_value *dst, const ferry_value *src)
         s[src->v.str.len] = 0;
         dst->v.str.ptr = s;
     } else if (src->type == FERRY_VALUE_ARRAY) {
-        uint64_t n = src->v.arr.n;
-        ferry_value *items = calloc(n ? n : 1, sizeof *items);
-        if (!items)
+        /* One block, as ferry__value_free expects: every item of every depth, then the strings. */
+        uint64_t n_items = src->v.arr.n, n_bytes = 0, size;
+        dst->v.arr.items = NULL;
+        int rc = inner_size(src, &n_items, &n_bytes);
+        if (rc)
+            return rc;
+        if (ferry__mul_u64(n_items, sizeof(ferry_value), &size) ||
+            ferry__add_u64(size, n_bytes, &size) || size > SIZE_MAX)
+            return FERRY_EOVERFLOW;
+        if (!size)
+            return 0;
+        ferry_value *block = malloc((size_t)size);
+        if (!block)
             return FERRY_ENOMEM;
-        for (uint64_t i = 0; i < n; i++) {
-            if (ferry__value_copy(&items[i], &src->v.arr.items[i])) {
-                for (uint64_t j = 0; j < i; j++)
-                    ferry__value_free(&items[j]);
-                free(items);
-                return FERRY_ENOMEM;
-            }
-        }
-        dst->v.arr.items = items;
+        ferry_value *next = block + src->v.arr.n;
+        char *str = (char *)(block + n_items);
+        copy_items(block, src->v.arr.items, src->v.arr.n, &next, &str);
+        dst->v.arr.items = block;
     }
     return 0;
 }

@@ -29,6 +29,7 @@ int cmd_gen(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_lora(int argc, char **argv);
 

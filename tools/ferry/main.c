@@ -15,6 +15,7 @@ static const cli_command commands[] = {
     {"plan", cmd_plan, "where each tensor would live under a placement (dry run)"},
     {"devices", cmd_devices, "the devices ferry can use here, with their memory"},
     {"lora", cmd_lora, "merge LoRA adapters into a model file (merge), describe an adapter (info)"},
+    {"bench", cmd_bench, "load and streaming throughput against this machine's own limits"},
     {"demo", cmd_demo, "generate a sample model in the cache folder and inspect it"},
 };
 

@@ -1,0 +1,258 @@
+/*
+ * test_cli_bench.c — `ferry bench`, run as a user runs it (the binary FERRY_CLI through the
+ * shell) with --quick on a small model that `ferry gen` writes: the JSON report has every key a
+ * script reads, each measurement is a positive number, the stream entries follow from their own
+ * definitions (budgets of M/4 and M/2, optimal = M - B + W capped at M, efficiency = bound /
+ * measured), --device adds a device stream, the table names every row, and
+ * bad arguments are usage errors. Performance itself is never asserted: the machine is shared.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/wait.h>
+
+#include "check.h"
+#include "ferry.h"
+#include "formats/formats.h"
+
+static const char *tmp;
+static char *out_text, *err_text; /* stdout and stderr of the last run */
+static size_t out_len;
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0, k;
+    char *buf = malloc(cap + 1);
+    while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[n] = 0;
+    if (len)
+        *len = buf ? n : 0;
+    return buf;
+}
+
+/* Runs `FERRY_CLI ARGS` with stdout and stderr captured; the exit status, or -1. */
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+    char args[4096], cmd[9000], op[1100], ep[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(op, sizeof op, "%s/stdout.txt", tmp);
+    snprintf(ep, sizeof ep, "%s/stderr.txt", tmp);
+    snprintf(cmd, sizeof cmd, "%s %s >'%s' 2>'%s'", FERRY_CLI, args, op, ep);
+    int st = system(cmd);
+    free(out_text);
+    free(err_text);
+    out_text = slurp(op, &out_len);
+    err_text = slurp(ep, NULL);
+    if (!out_text)
+        out_text = calloc(1, 1);
+    if (!err_text)
+        err_text = calloc(1, 1);
+    if (st == -1 || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* ---- JSON (the library's strict parser: what parses is valid JSON) -------------------------- */
+
+static const ferry__json *jget(const ferry__json *o, const char *key)
+{
+    return o && o->type == FERRY__JSON_OBJECT ? ferry__json_get(o, key) : NULL;
+}
+
+/* The number J (any JSON number), or NAN when J is absent or not a number. */
+static double jnum(const ferry__json *j)
+{
+    if (!j || j->type != FERRY__JSON_NUMBER || j->num_len >= 64)
+        return NAN;
+    char buf[64];
+    memcpy(buf, j->num, j->num_len);
+    buf[j->num_len] = 0;
+    char *end;
+    double v = strtod(buf, &end);
+    return *end ? NAN : v;
+}
+
+/* Key KEY of O is a finite number > 0; reports the key when not. */
+static double positive(const ferry__json *o, const char *key)
+{
+    double v = jnum(jget(o, key));
+    if (!(v > 0) || !isfinite(v))
+        fprintf(stderr, "key '%s': %g, expected a positive number\n", key, v);
+    CHECK(v > 0 && isfinite(v));
+    return v;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* One stream entry: every key, positive, and consistent with its definitions. */
+static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_budget,
+                         const char *device)
+{
+    static const char *keys[] = {"budget_bytes",   "bytes_read_per_pass",
+                                 "optimal_bytes_per_pass", "working_set_bytes",
+                                 "seconds_per_pass", "bound_seconds_per_pass", "efficiency"};
+    CHECK(s && s->type == FERRY__JSON_OBJECT);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        positive(s, keys[i]);
+    const ferry__json *dev = jget(s, "device");
+    CHECK(dev && dev->type == FERRY__JSON_STRING && strcmp(dev->str, device) == 0);
+    uint64_t budget = (uint64_t)jnum(jget(s, "budget_bytes"));
+    uint64_t w = (uint64_t)jnum(jget(s, "working_set_bytes"));
+    uint64_t opt = (uint64_t)jnum(jget(s, "optimal_bytes_per_pass"));
+    CHECK(w > 0 && w <= model);
+    /* B = the asked budget, raised to the working set when smaller (never, for this model). */
+    CHECK_EQ_INT(budget, max_u64(want_budget, w));
+    CHECK(w < want_budget);
+    const ferry__json *raised = jget(s, "budget_raised_to_working_set");
+    CHECK(raised && raised->type == FERRY__JSON_BOOL && raised->b == 0);
+    /* optimal = M - B + W, never more than M */
+    uint64_t want_opt = (model > budget ? model - budget : 0) + w;
+    CHECK_EQ_INT(opt, want_opt < model ? want_opt : model);
+    double eff = jnum(jget(s, "efficiency")), bound = jnum(jget(s, "bound_seconds_per_pass")),
+           secs = jnum(jget(s, "seconds_per_pass"));
+    CHECK(fabs(eff - bound / secs) <= 1e-9 * eff + 1e-12);
+    const ferry__json *ps = jget(s, "pass_seconds");
+    CHECK(ps && ps->type == FERRY__JSON_ARRAY && ps->n >= 3);
+}
+
+static void test_json(const char *model_path)
+{
+    CHECK_EQ_INT(run("bench --quick --json '%s'", model_path), 0);
+    if (*err_text)
+        fprintf(stderr, "stderr: %s\n", err_text);
+    ferry__json doc;
+    ferry__err e;
+    ferry__err_clear(&e);
+    memset(&doc, 0, sizeof doc);
+    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
+    if (rc)
+        fprintf(stderr, "JSON does not parse: %s\n%s\n", e.msg, out_text);
+    CHECK_EQ_INT(rc, 0);
+    if (rc)
+        return;
+    static const char *keys[] = {
+        "direct_read_gbps",      "memcpy_gbps",         "fresh_memory_gbps",
+        "cold_load_gbps",        "warm_load_gbps",      "mmap_fault_load_gbps",
+        "mmap_populate_load_gbps", "cold_load_ratio",   "warm_load_ratio",
+        "buffered_read_gbps",    "cold_load_direct_gbps", "resident_compute_seconds",
+        "warm_auto_seconds",     "model_bytes"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        positive(&doc, keys[i]);
+    /* the ratios are what they say they are */
+    double direct = jnum(jget(&doc, "direct_read_gbps")), fresh = jnum(jget(&doc, "fresh_memory_gbps")),
+           mc = jnum(jget(&doc, "memcpy_gbps"));
+    double cold = jnum(jget(&doc, "cold_load_gbps")), warm = jnum(jget(&doc, "warm_load_gbps"));
+    double cr = jnum(jget(&doc, "cold_load_ratio")), wr = jnum(jget(&doc, "warm_load_ratio"));
+    CHECK(fabs(cr - cold / fmin(direct, fresh)) <= 1e-9 * cr);
+    CHECK(fabs(wr - warm / fmin(mc, fresh)) <= 1e-9 * wr);
+    uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
+    CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
+    const ferry__json *st = jget(&doc, "stream");
+    CHECK(st && st->type == FERRY__JSON_ARRAY && st->n == 2);
+    if (st && st->type == FERRY__JSON_ARRAY && st->n == 2) {
+        check_stream(&st->items[0], model, model / 4, "cpu");
+        check_stream(&st->items[1], model, model / 2, "cpu");
+    }
+    CHECK(jget(&doc, "device_stream") == NULL); /* only with --device */
+    ferry__json_free(&doc);
+}
+
+static void test_device(const char *model_path)
+{
+    CHECK_EQ_INT(run("bench --quick --json --device sim:256MiB@4GB/s '%s'", model_path), 0);
+    ferry__json doc;
+    ferry__err e;
+    ferry__err_clear(&e);
+    memset(&doc, 0, sizeof doc);
+    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
+    CHECK_EQ_INT(rc, 0);
+    if (rc)
+        return;
+    uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
+    const ferry__json *ds = jget(&doc, "device_stream");
+    CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
+    if (ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1) {
+        const ferry__json *s = &ds->items[0];
+        check_stream(s, model, model / 4, "sim:256MiB@4GB/s");
+        /* nothing is computed on the device: the bound is the link's time for optimal bytes */
+        double bound = jnum(jget(s, "bound_seconds_per_pass"));
+        double opt = jnum(jget(s, "optimal_bytes_per_pass"));
+        CHECK(fabs(bound - opt / 4e9) <= 1e-9 * bound);
+    }
+    ferry__json_free(&doc);
+}
+
+static void test_table(const char *model_path)
+{
+    CHECK_EQ_INT(run("bench --quick '%s'", model_path), 0);
+    static const char *rows[] = {"O_DIRECT read", "cold buffered read", "memcpy",
+                                 "fresh memory",  "resident compute",   "cold, auto",
+                                 "cold, direct",  "mmap page faults",   "mmap + populate",
+                                 "warm, read",    "no copy",            "streams:",
+                                 "efficiency"};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        int found = strstr(out_text, rows[i]) != NULL;
+        if (!found)
+            fprintf(stderr, "table lacks '%s':\n%s\n", rows[i], out_text);
+        CHECK(found);
+    }
+    CHECK(strstr(err_text, "\033[") == NULL); /* no progress bar off a terminal */
+}
+
+static void test_usage(const char *model_path)
+{
+    CHECK_EQ_INT(run("bench"), 2);
+    CHECK(strstr(err_text, "no model file") != NULL);
+    CHECK_EQ_INT(run("bench --passes 2 '%s'", model_path), 2);
+    CHECK_EQ_INT(run("bench --runs 0 '%s'", model_path), 2);
+    CHECK_EQ_INT(run("bench --device sim:64MiB '%s'", model_path), 2);
+    CHECK(strstr(err_text, "bandwidth") != NULL);
+    CHECK_EQ_INT(run("bench '%s' '%s'", model_path, model_path), 2);
+    CHECK_EQ_INT(run("bench --help"), 0);
+    CHECK(strstr(out_text, "usage: ferry bench") != NULL);
+    CHECK_EQ_INT(run("bench --quick '%s/missing.gguf'", tmp), 1);
+    CHECK(strstr(err_text, "missing.gguf") != NULL);
+}
+
+int main(void)
+{
+    tmp = check_tmpdir("cli_bench");
+    char model_path[2048];
+    snprintf(model_path, sizeof model_path, "%s/small.gguf", tmp);
+    /* 8 blocks of width 256, a small vocabulary: about 13 MiB whose working set (two blocks)
+     * is less than a quarter of it, so that every budget is exactly M/4 or M/2. */
+    int rc = run("gen -o '%s' --layers 8 --dim 256 --vocab 1000 -q", model_path);
+    CHECK_EQ_INT(rc, 0);
+    if (rc == 0) {
+        test_json(model_path);
+        test_device(model_path);
+        test_table(model_path);
+        test_usage(model_path);
+    }
+    free(out_text);
+    free(err_text);
+    if (!check_failed)
+        check_rmdir(tmp);
+    return check_finish();
+}

@@ -1,0 +1,481 @@
+/*
+ * limits.c — measures the machine's own limits (see limits.h): O_DIRECT and cold buffered reads
+ * of a file, memcpy bandwidth, and the first-touch speed of fresh anonymous memory; and the page
+ * cache control the cold measurements need.
+ *
+ * Each measurement allocates and faults in what it reuses before the clock starts, and starts its
+ * threads behind a start gate, so that only the work being bounded is timed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ferry.h"
+#include "limits.h"
+
+#define ALIGN UINT64_C(4096) /* O_DIRECT buffer, offset and length alignment */
+#define MAX_THREADS 64u
+
+static uint64_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (uint64_t)p : 4096;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* The size of regular file PATH into *SIZE; 0 or a negative FERRY_E code. */
+static int file_size(const char *path, uint64_t *size)
+{
+    struct stat st;
+    if (!path)
+        return FERRY_EINVAL;
+    if (stat(path, &st) != 0)
+        return errno == ENOENT ? FERRY_ENOENT : FERRY_EIO;
+    if (!S_ISREG(st.st_mode))
+        return FERRY_EIO;
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+/* ---- page cache ------------------------------------------------------------------------------ */
+
+int limits_drop_cache(const char *path)
+{
+    if (!path)
+        return FERRY_EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? FERRY_ENOENT : FERRY_EIO;
+    int r = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    return r == 0 ? 0 : FERRY_EIO;
+}
+
+double limits_cached_fraction(const char *path)
+{
+    uint64_t size;
+    int rc = file_size(path, &size);
+    if (rc)
+        return rc;
+    if (size == 0 || size > SIZE_MAX)
+        return FERRY_EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return FERRY_EIO;
+    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return FERRY_ENOMEM;
+    uint64_t pg = page_size(), pages = (size + pg - 1) / pg, resident = 0;
+    unsigned char vec[4096];
+    for (uint64_t done = 0; done < pages;) {
+        uint64_t k = pages - done < sizeof vec ? pages - done : sizeof vec;
+        if (mincore((unsigned char *)m + done * pg, (size_t)(k * pg), vec) != 0) {
+            munmap(m, (size_t)size);
+            return FERRY_EIO;
+        }
+        for (uint64_t i = 0; i < k; i++)
+            resident += vec[i] & 1;
+        done += k;
+    }
+    munmap(m, (size_t)size);
+    return (double)resident / (double)pages;
+}
+
+int limits_warm_file(const char *path)
+{
+    if (!path)
+        return FERRY_EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? FERRY_ENOENT : FERRY_EIO;
+    size_t cap = (size_t)8 << 20;
+    char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return FERRY_ENOMEM;
+    }
+    ssize_t n;
+    while ((n = read(fd, buf, cap)) > 0 || (n < 0 && errno == EINTR))
+        ;
+    free(buf);
+    close(fd);
+    return n == 0 ? 0 : FERRY_EIO;
+}
+
+/* ---- O_DIRECT reads ------------------------------------------------------------------------ */
+
+static void set_error(_Atomic int *slot, int code)
+{
+    int zero = 0;
+    atomic_compare_exchange_strong(slot, &zero, code);
+}
+
+/* A start line: workers arrive (gate_arrive blocks until the gate opens), the caller waits until
+ * all it started have arrived (gate_await), then starts the clock and opens it. Unlike a barrier,
+ * it needs no count fixed before the threads are created, so a failed pthread_create cannot
+ * leave anyone waiting forever. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned arrived;
+    int open;
+} gate;
+
+static void gate_init(gate *g)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->arrived = 0;
+    g->open = 0;
+}
+
+static void gate_destroy(gate *g)
+{
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+}
+
+static void gate_arrive(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->arrived++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_await(gate *g, unsigned n)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->arrived < n)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct direct_job {
+    int fd;
+    uint64_t size;            /* of the file */
+    uint64_t piece;           /* bytes per request, a multiple of ALIGN */
+    _Atomic uint64_t next;    /* offset of the next piece */
+    _Atomic int error;        /* first FERRY_E code of any reader */
+    gate start;               /* readers arrive with their buffers faulted in */
+} direct_job;
+
+typedef struct direct_reader {
+    direct_job *job;
+    uint64_t bytes;
+    double t0, t1;
+} direct_reader;
+
+static void *direct_main(void *arg)
+{
+    direct_reader *rd = arg;
+    direct_job *job = rd->job;
+    void *buf = NULL;
+    if (posix_memalign(&buf, (size_t)ALIGN, (size_t)job->piece) != 0) {
+        buf = NULL;
+        set_error(&job->error, FERRY_ENOMEM);
+    } else {
+        memset(buf, 0, (size_t)job->piece); /* reused: faulted in before the clock */
+    }
+    gate_arrive(&job->start);
+    rd->t0 = ferry_now();
+    while (buf && atomic_load(&job->error) == 0) {
+        uint64_t off = atomic_fetch_add(&job->next, job->piece);
+        if (off >= job->size)
+            break;
+        /* The last piece asks for whole blocks; the read comes back short at the end. */
+        uint64_t want = round_up(job->size - off < job->piece ? job->size - off : job->piece,
+                                 ALIGN);
+        uint64_t got = 0;
+        while (got < want) {
+            ssize_t n = pread(job->fd, (unsigned char *)buf + got, (size_t)(want - got),
+                              (off_t)(off + got));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0) {
+                set_error(&job->error, errno == EINVAL ? FERRY_EUNSUPPORTED : FERRY_EIO);
+                break;
+            }
+            got += (uint64_t)n;
+            if (n == 0 || (uint64_t)n % ALIGN)
+                break; /* end of file */
+        }
+        rd->bytes += got;
+    }
+    rd->t1 = ferry_now();
+    free(buf);
+    return NULL;
+}
+
+double limits_direct_read(const char *path, unsigned readers, uint64_t request)
+{
+    uint64_t size;
+    int rc = file_size(path, &size);
+    if (rc)
+        return rc;
+    if (size == 0)
+        return FERRY_EINVAL;
+    if (readers == 0 || readers > MAX_THREADS)
+        return FERRY_EINVAL;
+    if (request == 0)
+        request = UINT64_C(16) << 20;
+    if (request > (UINT64_C(1) << 30))
+        request = UINT64_C(1) << 30;
+    request = round_up(request, ALIGN);
+    if ((rc = limits_drop_cache(path)))
+        return rc;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0)
+        return errno == EINVAL ? FERRY_EUNSUPPORTED : FERRY_EIO;
+
+    direct_job job;
+    memset(&job, 0, sizeof job);
+    job.fd = fd;
+    job.size = size;
+    job.piece = request;
+    atomic_init(&job.next, 0);
+    atomic_init(&job.error, 0);
+    direct_reader rd[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    memset(rd, 0, sizeof rd);
+    gate_init(&job.start);
+    unsigned started = 0;
+    for (; started < readers; started++) {
+        rd[started].job = &job;
+        if (pthread_create(&th[started], NULL, direct_main, &rd[started]) != 0)
+            break;
+    }
+    if (started < readers)
+        set_error(&job.error, FERRY_ENOMEM); /* the readers that started stop at once */
+    gate_await(&job.start, started);
+    gate_open(&job.start);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    gate_destroy(&job.start);
+    close(fd);
+
+    double t0 = 0, t1 = 0;
+    uint64_t bytes = 0;
+    for (unsigned i = 0; i < started; i++) {
+        if (i == 0 || rd[i].t0 < t0)
+            t0 = rd[i].t0;
+        if (i == 0 || rd[i].t1 > t1)
+            t1 = rd[i].t1;
+        bytes += rd[i].bytes;
+    }
+    int err = atomic_load(&job.error);
+    if (err)
+        return err;
+    if (bytes != size || t1 <= t0)
+        return FERRY_EIO;
+    return (double)bytes / (t1 - t0) / 1e9;
+}
+
+double limits_direct_read_best(const char *path, const unsigned *readers, size_t nr,
+                               const uint64_t *requests, size_t nq, unsigned *best_readers,
+                               uint64_t *best_request)
+{
+    static const unsigned def_readers[] = {1, 2, 4, 8};
+    static const uint64_t def_requests[] = {UINT64_C(64) << 20, UINT64_C(16) << 20};
+    if (!readers || !nr) {
+        readers = def_readers;
+        nr = sizeof def_readers / sizeof def_readers[0];
+    }
+    if (!requests || !nq) {
+        requests = def_requests;
+        nq = sizeof def_requests / sizeof def_requests[0];
+    }
+    double best = 0;
+    for (size_t q = 0; q < nq; q++)
+        for (size_t r = 0; r < nr; r++) {
+            double g = limits_direct_read(path, readers[r], requests[q]);
+            if (g < 0)
+                return g;
+            if (g > best) {
+                best = g;
+                if (best_readers)
+                    *best_readers = readers[r];
+                if (best_request)
+                    *best_request = requests[q];
+            }
+        }
+    return best;
+}
+
+/* ---- buffered reads ------------------------------------------------------------------------ */
+
+double limits_buffered_read(const char *path, uint64_t request)
+{
+    uint64_t size;
+    int rc = file_size(path, &size);
+    if (rc)
+        return rc;
+    if (size == 0)
+        return FERRY_EINVAL;
+    if (request == 0)
+        request = UINT64_C(64) << 20;
+    if (request > (UINT64_C(1) << 30))
+        request = UINT64_C(1) << 30;
+    unsigned char *buf = malloc((size_t)request);
+    if (!buf)
+        return FERRY_ENOMEM;
+    memset(buf, 0, (size_t)request); /* reused: faulted in before the clock */
+    if ((rc = limits_drop_cache(path))) {
+        free(buf);
+        return rc;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        free(buf);
+        return FERRY_EIO;
+    }
+    double t0 = ferry_now();
+    uint64_t total = 0;
+    while (total < size) {
+        ssize_t n = pread(fd, buf, (size_t)request, (off_t)total);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        total += (uint64_t)n;
+    }
+    double t = ferry_now() - t0;
+    close(fd);
+    free(buf);
+    if (total != size || t <= 0)
+        return FERRY_EIO;
+    return (double)total / t / 1e9;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+double limits_memcpy(uint64_t bytes)
+{
+    if (bytes == 0)
+        bytes = UINT64_C(256) << 20;
+    if (bytes > SIZE_MAX / 2)
+        return FERRY_EINVAL;
+    unsigned char *a = malloc((size_t)bytes), *b = malloc((size_t)bytes);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return FERRY_ENOMEM;
+    }
+    memset(a, 1, (size_t)bytes);
+    memset(b, 2, (size_t)bytes);
+    double best = 0;
+    for (int run = 0; run < 3; run++) {
+        double t = ferry_now();
+        memcpy(b, a, (size_t)bytes);
+        t = ferry_now() - t;
+        /* the copy is used, so it cannot be optimised away */
+        if (b[bytes - 1] != a[bytes - 1]) {
+            best = FERRY_EIO;
+            break;
+        }
+        a[bytes - 1] ^= 1;
+        if (t > 0 && (double)bytes / t / 1e9 > best)
+            best = (double)bytes / t / 1e9;
+    }
+    free(a);
+    free(b);
+    return best > 0 ? best : FERRY_EIO;
+}
+
+typedef struct touch_job {
+    volatile unsigned char *base; /* set before the gate opens */
+    uint64_t from, to, page;
+    gate *start;                  /* NULL for the caller's own share */
+    double t1;
+} touch_job;
+
+static void *touch_main(void *arg)
+{
+    touch_job *j = arg;
+    if (j->start)
+        gate_arrive(j->start);
+    for (uint64_t off = j->from; j->base && off < j->to; off += j->page)
+        j->base[off] = 1;
+    j->t1 = ferry_now();
+    return NULL;
+}
+
+double limits_fresh_memory(uint64_t bytes, unsigned threads)
+{
+    if (bytes == 0)
+        bytes = UINT64_C(256) << 20;
+    if (bytes > SIZE_MAX || threads == 0 || threads > MAX_THREADS)
+        return FERRY_EINVAL;
+    uint64_t pg = page_size(), pages = (bytes + pg - 1) / pg;
+    size_t len = (size_t)(pages * pg);
+    touch_job jobs[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    gate start;
+    gate_init(&start);
+    memset(jobs, 0, sizeof jobs);
+    for (unsigned i = 0; i < threads; i++) {
+        jobs[i].from = pages * i / threads * pg;
+        jobs[i].to = pages * (i + 1) / threads * pg;
+        jobs[i].page = pg;
+        jobs[i].start = i ? &start : NULL;
+    }
+    /* Threads 1.. are started before the clock and wait at the gate; the caller is thread 0. */
+    unsigned started = 1;
+    for (; started < threads; started++)
+        if (pthread_create(&th[started], NULL, touch_main, &jobs[started]) != 0)
+            break;
+    gate_await(&start, started - 1);
+    double t0 = ferry_now();
+    void *m = started == threads
+                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                  : MAP_FAILED;
+    for (unsigned i = 0; i < threads; i++)
+        jobs[i].base = m == MAP_FAILED ? NULL : m; /* NULL: nothing to touch */
+    gate_open(&start);
+    touch_main(&jobs[0]);
+    double t1 = jobs[0].t1;
+    for (unsigned i = 1; i < started; i++) {
+        pthread_join(th[i], NULL);
+        if (jobs[i].t1 > t1)
+            t1 = jobs[i].t1;
+    }
+    gate_destroy(&start);
+    if (m == MAP_FAILED)
+        return FERRY_ENOMEM;
+    munmap(m, len);
+    return t1 > t0 ? (double)len / (t1 - t0) / 1e9 : FERRY_EIO;
+}
+
+double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads)
+{
+    double best = 0;
+    for (unsigned t = 1; t <= 2; t++) {
+        double g = limits_fresh_memory(bytes, t);
+        if (g < 0)
+            return g;
+        if (g > best) {
+            best = g;
+            if (best_threads)
+                *best_threads = t;
+        }
+    }
+    return best;
+}

@@ -1,0 +1,64 @@
+/*
+ * limits.h — the machine's own limits, measured in the same run as what is judged against them
+ * (`ferry bench`, bench/load_bench): how fast the disk delivers a file with O_DIRECT and through
+ * the page cache, how fast memory copies, and how fast fresh anonymous memory becomes usable.
+ *
+ * Plain POSIX and the public ferry.h (for its error codes and clock) only, so that the tool, which
+ * sees nothing of src/, and the benchmark programs can both link it. Not thread-safe against
+ * itself: run one measurement at a time.
+ *
+ * Every measurement returns GB/s (10^9 bytes per second), or a negative FERRY_E... code as a
+ * double: FERRY_EINVAL (no path, empty file, size 0), FERRY_ENOENT / FERRY_EIO (open, read),
+ * FERRY_ENOMEM, FERRY_EUNSUPPORTED (the filesystem refuses O_DIRECT). Setup (allocating and
+ * faulting in reused buffers, starting threads) is kept out of the timed part, so each number
+ * bounds the code it is compared with. Within a measurement, "reused" buffers are faulted in
+ * before the clock starts; "fresh" memory is the opposite: its faulting is what is timed.
+ */
+#ifndef FERRY_CLI_LIMITS_H
+#define FERRY_CLI_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* O_DIRECT sequential read of the whole of PATH, after dropping it from the page cache: READERS
+ * threads (1..64), each with its own reused aligned buffer of REQUEST bytes (rounded up to 4096;
+ * 0: 16 MiB), take consecutive REQUEST-byte pieces of the file in turn. Timed from the moment all
+ * readers are ready to the last one's end. */
+double limits_direct_read(const char *path, unsigned readers, uint64_t request);
+
+/* The best limits_direct_read over every pair of READERS[0..NR) and REQUESTS[0..NQ) (NULL/0:
+ * 1, 2, 4, 8 readers with 64 MiB and 16 MiB requests). *BEST_READERS and *BEST_REQUEST (either
+ * may be NULL) receive the winning pair. Fails with the first error of any pair. */
+double limits_direct_read_best(const char *path, const unsigned *readers, size_t nr,
+                               const uint64_t *requests, size_t nq, unsigned *best_readers,
+                               uint64_t *best_request);
+
+/* Cold buffered read of the whole of PATH: dropped from the page cache (POSIX_FADV_DONTNEED),
+ * then pread on one thread into one reused buffer of REQUEST bytes (0: 64 MiB). What the page
+ * cache's own readahead delivers with no destination cost: the other disk limit. */
+double limits_buffered_read(const char *path, uint64_t request);
+
+/* memcpy between two reused buffers of BYTES each (0: 256 MiB) on one thread; best of 3. */
+double limits_memcpy(uint64_t bytes);
+
+/* First touch of BYTES (0: 256 MiB) of fresh anonymous memory: mmap, then THREADS threads
+ * (1..64) each write one byte per page of their own contiguous share. Timed from the mmap to the
+ * last thread's end; the munmap is not timed. */
+double limits_fresh_memory(uint64_t bytes, unsigned threads);
+
+/* The best limits_fresh_memory of 1 and 2 threads; *BEST_THREADS (may be NULL) receives which. */
+double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads);
+
+/* ---- page cache control ------------------------------------------------------------------- */
+
+/* Drops PATH from the page cache (POSIX_FADV_DONTNEED). Pages that a live mapping of this
+ * process has mapped stay: unmap first. 0 or a negative FERRY_E code. */
+int limits_drop_cache(const char *path);
+
+/* The fraction (0..1) of PATH's pages in the page cache (mincore), or a negative FERRY_E code. */
+double limits_cached_fraction(const char *path);
+
+/* Reads the whole of PATH (buffered) so that it is in the page cache. 0 or a negative code. */
+int limits_warm_file(const char *path);
+
+#endif
