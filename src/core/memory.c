@@ -10,8 +10,9 @@
  * in use (refs > 0), copies being loaded and home copies are never evicted. ferry never goes over
  * a budget: when nothing more can be evicted the reservation fails with FERRY_EBUDGET.
  *
- * The pool exists because first touch of fresh anonymous memory is slow on virtual machines
- * (0.6-4 GB/s): a streamed model reuses the same few buffer sizes layer after layer.
+ * The pool (per device, while a budget bounds it) exists because fresh memory is expensive: first
+ * touch of anonymous host memory is slow on virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree
+ * synchronize the device, and a streamed model reuses the same few buffer sizes layer after layer.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,7 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     ferry__dev *D = &f->devs[dev];
     if (!m->size && !m->base)
         return;
-    if (m->base && dev == FERRY__HOST && D->budget) {
+    if (m->base && D->budget) {
         if (D->n_pool == D->cap_pool) {
             size_t cap = D->cap_pool ? D->cap_pool * 2 : 64;
             ferry__pool_buf *p = realloc(D->pool, cap * sizeof *p);
@@ -154,7 +155,7 @@ int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__m
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
-    if (dev == FERRY__HOST && pool_take(f, dev, size, out))
+    if (pool_take(f, dev, size, out))
         return 0;
     for (;;) {
         if (!D->budget || (D->used <= D->budget && size <= D->budget - D->used))
@@ -172,7 +173,7 @@ int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__m
                                ferry__fmt_size(size, b2), ferry__fmt_size(D->used, b3));
         }
         evict(f, v);
-        if (dev == FERRY__HOST && pool_take(f, dev, size, out))
+        if (pool_take(f, dev, size, out))
             return 0;
     }
     D->used += size;
