@@ -801,16 +801,16 @@ static int usable(ferry *f, ferry_tensor *t)
 
 /* Waits until every tensor of TS has its comp copy READY, queuing loads as needed. Lock held.
  * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). */
-static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int count_stats)
+static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int from_prepare)
 {
     uint64_t local[64];
     uint64_t *seen = n <= 64 ? local : calloc(n, sizeof *seen);
     if (!seen)
         return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
     memset(seen, 0, FERRY__MIN(n, 64) * sizeof *seen);
-    int rc = 0;
+    int rc = 0, prefetched = 0;
     double waited = 0;
-    for (size_t i = 0; i < n && count_stats; i++) {
+    for (size_t i = 0; i < n && from_prepare; i++) {
         /* Only copies that come and go can hit or miss. */
         ferry_tensor *t = ts[i];
         int mapped = t->lazy || (t->zero_copy && host_side(f, t->compute_dev) && !t->merge);
@@ -852,6 +852,10 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
         }
         if (rc || !pending)
             break;
+        /* What this set needs is queued: the next set's prefetch goes behind it, so the copy
+         * engine and the disk stay busy while this set's last bytes arrive. */
+        if (from_prepare && !prefetched++)
+            prefetch_ahead(f);
         double t0 = ferry__now();
         pthread_cond_wait(&f->cond, &f->lock);
         double t1 = ferry__now();
@@ -913,11 +917,14 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
         if (ts[i]->n_parts)
             ts[i]->refs++;
     }
+    uint64_t set_bytes = 0;
     for (size_t i = 0; i < nu; i++) {
         u[i]->refs++;
         u[i]->used = 1;
         ferry__sched_touch(&f->sched, u[i]->uid);
+        set_bytes += u[i]->out_bytes;
     }
+    f->last_set_bytes = set_bytes;
     rc = bring(f, u, nu, 0, 1);
     if (rc) {
         for (size_t i = 0; i < nu; i++)
@@ -926,12 +933,8 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
             if (ts[i]->n_parts)
                 ts[i]->refs--;
     } else {
-        uint64_t set_bytes = 0;
-        for (size_t i = 0; i < nu; i++) {
+        for (size_t i = 0; i < nu; i++)
             u[i]->comp.last_use = ++f->clock;
-            set_bytes += u[i]->out_bytes;
-        }
-        f->last_set_bytes = set_bytes;
         prefetch_ahead(f);
     }
     if (u != ts)
