@@ -2,9 +2,12 @@
  * test_io.c — the synchronous side of the I/O engine: opening files (regular, missing, directory,
  * empty), reads in every load mode over many (offset, length, destination alignment) combinations
  * checked byte for byte against a known pattern, reads past the end, a file that shrinks after
- * open, page-cache probes, and the machine-limit probes of limits.c.
+ * open, page-cache probes, and the machine-limit probes of limits.c. The read matrix and the
+ * page-cache effects of each mode are checked again through the worker pool, once per backend
+ * (FERRY_IO_BACKEND=threads, then uring where the build and kernel allow it).
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,49 @@ static int place(placed *p, uint64_t off, uint64_t len, int congruent)
     return 0;
 }
 
+/* When set, reads go through this pool instead of ferry__io_read. */
+static ferry__io *via_pool;
+
+typedef struct waiter {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int calls, status;
+} waiter;
+
+static void waiter_done(void *ud, int status)
+{
+    waiter *w = ud;
+    pthread_mutex_lock(&w->m);
+    w->calls++;
+    w->status = status;
+    pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+}
+
+/* One request through IO, waited for; its errmsg goes to E. */
+static int pool_read(ferry__io *io, const ferry__iofile *f, uint64_t off, uint64_t len,
+                     void *dst, ferry_load mode, ferry__err *e)
+{
+    waiter w = {.calls = 0, .status = 0};
+    pthread_mutex_init(&w.m, NULL);
+    pthread_cond_init(&w.c, NULL);
+    ferry__ioreq req = {.file = f, .offset = off, .len = len, .dst = dst, .mode = mode,
+                        .done = waiter_done, .ud = &w};
+    int r = ferry__io_submit(io, &req);
+    if (r == 0) {
+        pthread_mutex_lock(&w.m);
+        while (!w.calls)
+            pthread_cond_wait(&w.c, &w.m);
+        r = w.status;
+        pthread_mutex_unlock(&w.m);
+    }
+    snprintf(e->msg, sizeof e->msg, "%s", req.errmsg);
+    e->code = r;
+    pthread_cond_destroy(&w.c);
+    pthread_mutex_destroy(&w.m);
+    return r;
+}
+
 static int read_one(const ferry__iofile *f, uint64_t off, uint64_t len, ferry_load mode,
                     int congruent)
 {
@@ -71,7 +117,8 @@ static int read_one(const ferry__iofile *f, uint64_t off, uint64_t len, ferry_lo
     if (place(&p, off, len, congruent) != 0)
         return -1;
     ferry__err e = {0};
-    int r = ferry__io_read(f, off, len, p.dst, mode, &e);
+    int r = via_pool ? pool_read(via_pool, f, off, len, p.dst, mode, &e)
+                     : ferry__io_read(f, off, len, p.dst, mode, &e);
     int ok = r == 0 && memcmp(p.dst, pattern + off, (size_t)len) == 0 && p.dst[len] == 0xA5;
     if (!ok)
         fprintf(stderr, "read %s off=%llu len=%llu %s: r=%d %s\n", mode_name(mode),
@@ -109,7 +156,8 @@ static void test_modes(const ferry__iofile *f)
         for (size_t i = 0; i < FERRY__ARRAY_LEN(big); i++)
             for (int c = 0; c < 2; c++, n++)
                 bad += !read_one(f, big[i][0], big[i][1], (ferry_load)m, c);
-        fprintf(stderr, "mode %s: %d reads, %d bad\n", mode_name((ferry_load)m), n, bad);
+        fprintf(stderr, "mode %s%s: %d reads, %d bad\n", mode_name((ferry_load)m),
+                via_pool ? " (pool)" : "", n, bad);
         CHECK_EQ_INT(bad, 0);
     }
 
@@ -251,6 +299,50 @@ static void test_cache(const ferry__iofile *f)
     free(b);
 }
 
+/* The read matrix and the page-cache effect of each mode through a pool of the backend
+ * FERRY_IO_BACKEND selects (WANT: the backend that must result). */
+static void test_pool(const ferry__iofile *f, const char *backend, const char *want)
+{
+    setenv("FERRY_IO_BACKEND", backend, 1);
+    ferry__io *io = ferry__io_create(3);
+    unsetenv("FERRY_IO_BACKEND");
+    CHECK(io != NULL);
+    if (!io)
+        return;
+    fprintf(stderr, "---- pool, FERRY_IO_BACKEND=%s: %s\n", backend, ferry__io_backend(io));
+    CHECK_STR(ferry__io_backend(io), want);
+    via_pool = io;
+    test_modes(f);
+    via_pool = NULL;
+
+    const uint64_t S = FILE_SIZE;
+    ferry__err e = {0};
+    unsigned char *b = NULL;
+    CHECK(posix_memalign((void **)&b, FERRY__IO_ALIGN, S) == 0);
+    CHECK_EQ_INT(ferry__iofile_drop_cache(f), 0);
+    if (ferry__iofile_cached(f, 0, S) < 0.1) {
+        /* DIRECT and AUTO on cold data bypass the page cache, READ fills it */
+        const ferry_load modes[] = {FERRY_LOAD_DIRECT, FERRY_LOAD_AUTO, FERRY_LOAD_READ};
+        for (size_t i = 0; i < FERRY__ARRAY_LEN(modes); i++) {
+            CHECK_EQ_INT(ferry__iofile_drop_cache(f), 0);
+            memset(b, 0, S);
+            CHECK_EQ_INT(pool_read(io, f, 0, S, b, modes[i], &e), 0);
+            CHECK(memcmp(b, pattern, S) == 0);
+            double c = ferry__iofile_cached(f, 0, S);
+            fprintf(stderr, "cached after a cold %s-mode read through the pool: %.3f\n",
+                    mode_name(modes[i]), c);
+            CHECK(modes[i] == FERRY_LOAD_READ ? c >= 0.9 : c < 0.1);
+        }
+    } else {
+        fprintf(stderr, "note: drop_cache did not empty the cache; skipping cold pool checks\n");
+    }
+    /* errors through the pool carry their detail */
+    CHECK_EQ_INT(pool_read(io, f, S - 10, 11, b, FERRY_LOAD_DIRECT, &e), FERRY_EIO);
+    CHECK(strstr(e.msg, f->path) != NULL);
+    free(b);
+    ferry__io_destroy(io);
+}
+
 static void test_chunks(void)
 {
     /* chunk boundaries: consecutive, covering the range, every one but the first aligned */
@@ -339,6 +431,8 @@ int main(void)
     test_cache(&f);
     test_shrunk(dir);
     test_limits(path, dir);
+    test_pool(&f, "threads", "threads");
+    test_pool(&f, "uring", ferry__io_uring_usable() ? "uring" : "threads");
 
     ferry__iofile_close(&f);
     CHECK_EQ_INT(f.fd, -1);

@@ -1,7 +1,8 @@
 /*
  * io.h — the I/O engine: files opened for reading (descriptor, O_DIRECT descriptor, read-only
  * private mapping), and a pool of worker threads that move file bytes into memory in large chunks
- * with several requests in flight, by mmap-copy, buffered pread or O_DIRECT.
+ * with several requests in flight, by mmap-copy, buffered pread or O_DIRECT (through io_uring where
+ * liburing is present and the kernel allows it).
  *
  * Nothing here knows about tensors, groups or devices: a request is (file, offset, length,
  * destination, mode, completion callback).
@@ -72,6 +73,11 @@ typedef struct ferry__ioreq {
     ferry_load mode;
     ferry__io_done_fn done;
     void *ud;
+    /* Written by the engine before done is called; read it in (or after) the done callback. On a
+     * non-zero status: the detail of the chunk that failed first, e.g. "PATH: read of N bytes at
+     * offset O failed: <strerror>", or "PATH: read of N bytes at offset O cancelled"; "" on
+     * success. Also filled when submit refuses the request with FERRY_EIO (range past the end). */
+    char errmsg[256];
     /* private to the engine */
     uint64_t next_chunk;       /* byte position of the next chunk to hand out */
     uint64_t chunks_left;
@@ -79,8 +85,15 @@ typedef struct ferry__ioreq {
     struct ferry__ioreq *next;
 } ferry__ioreq;
 
-/* A pool of NTHREADS workers (0: 4). NULL when memory or threads are exhausted. */
+/* A pool of NTHREADS workers (0: 4). NULL when memory or threads are exhausted.
+ * Backend: with io_uring (built with liburing and allowed by the kernel; a refusal, e.g. by a
+ * container's seccomp filter, silently means threads) each worker keeps several chunks in flight
+ * on its own ring; otherwise each worker reads one chunk at a time with pread. The environment
+ * variable FERRY_IO_BACKEND=threads|uring overrides the choice (uring still falls back to threads
+ * where it is unavailable), for tests and benchmarks. Behaviour and callbacks are the same. */
 ferry__io *ferry__io_create(unsigned nthreads);
+/* "uring" or "threads": the backend IO's workers use (a static string). */
+const char *ferry__io_backend(const ferry__io *io);
 /* Queues REQ (which must stay alive, unmoved, until its done callback returns). */
 int ferry__io_submit(ferry__io *io, ferry__ioreq *req);
 /* Cancels every queued chunk not yet started; their requests complete with FERRY_ECANCELED once

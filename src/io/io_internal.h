@@ -1,6 +1,6 @@
 /*
- * io_internal.h — pieces shared by the files of the I/O engine (iofile.c, ioread.c, iopool.c) and
- * nobody else. The public face of the engine is io.h.
+ * io_internal.h — pieces shared by the files of the I/O engine (iofile.c, ioread.c, iopool.c,
+ * iouring.c) and nobody else. The public face of the engine is io.h.
  */
 #ifndef FERRY_IO_INTERNAL_H
 #define FERRY_IO_INTERNAL_H
@@ -50,5 +50,42 @@ void ferry__io_copy(void *dst, const void *src, size_t n);
 
 /* The system page size (cached). */
 uint64_t ferry__io_page_size(void);
+
+/* ---- the pool and its backends -------------------------------------------------------------
+ * iopool.c owns the queue, the completion list, cancellation, progress and the done callbacks;
+ * a backend's worker loop only takes chunks and reports them finished. */
+
+/* One chunk handed out to a worker: [pos, end) of REQ. */
+typedef struct ferry__iochunk {
+    ferry__ioreq *req;
+    uint64_t pos, end;
+} ferry__iochunk;
+
+/* Runs the done callbacks that are due, then hands out the next chunk in queue order into *C
+ * (1). With WAIT, sleeps until there is one or the pool stops (-1); without, returns 0 when none
+ * is queued. The caller must report every chunk it took through ferry__io_chunk_done. */
+int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait);
+/* Chunk C is finished with STATUS (0 or a FERRY_E code; MSG the detail of a failure, or NULL):
+ * counts its bytes, reports progress, and calls the request's done callback when this was its
+ * last chunk. Neither lock held. */
+void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, const char *msg);
+/* Chunks one worker of IO keeps in flight at most: 1 with threads, the ring depth with io_uring.
+ * For tests. */
+unsigned ferry__io_depth(const ferry__io *io);
+
+/* The io_uring backend (iouring.c): one ring per worker, at most FERRY__IO_URING_DEPTH chunk reads
+ * in flight on it. Without FERRY_HAVE_URING, create returns NULL and usable returns 0. */
+#define FERRY__IO_URING_DEPTH 8u
+typedef struct ferry__uring ferry__uring;
+/* A ring with DEPTH slots, or NULL when the library was built without liburing, the kernel
+ * refuses io_uring (ENOSYS, EPERM under seccomp, io_uring_disabled) or lacks IORING_OP_READ. */
+ferry__uring *ferry__uring_create(unsigned depth);
+void ferry__uring_destroy(ferry__uring *u);
+/* 1 when a ring can be created here (the test of ferry__uring_create, then torn down). */
+int ferry__io_uring_usable(void);
+/* The worker loop of the uring backend on ring U (used by this thread only) with BOUNCE (one
+ * FERRY__IO_ALIGN block). Returns 0 when the pool stops, or -1 when the ring stopped accepting
+ * submissions (nothing of it is in flight any more): the caller goes on with the thread loop. */
+int ferry__uring_run(ferry__io *io, ferry__uring *u, unsigned char *bounce);
 
 #endif

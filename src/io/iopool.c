@@ -8,7 +8,7 @@
  *   - the run queue (head/tail): requests that still have chunks not handed out, in submit order;
  *   - the completion list (fin_head/fin_tail): requests whose done callback is due (every chunk
  *     finished or cancelled) and that no worker has picked up yet;
- *   - in every queued or running request: next_chunk, chunks_left, status, next;
+ *   - in every queued or running request: next_chunk, chunks_left, status, errmsg, next;
  *   - inflight (requests submitted whose done callback has not yet returned), stopping,
  *     done_bytes, total_bytes, progress_fn, progress_ud.
  * A second mutex, io->progress_mu, serialises calls of the progress callback and guards
@@ -23,10 +23,18 @@
  * before taking more chunks. A done or progress callback may submit and may call cancel_all
  * (which then cancels without waiting: it cannot wait for its own callback); it must not call
  * destroy.
+ *
+ * Backends. The pool's side (queue, completion list, cancellation, progress, done callbacks) is
+ * ferry__io_take and ferry__io_chunk_done; a worker loop takes chunks and reports them finished.
+ * With threads (thread_loop) a worker reads one chunk at a time with ferry__io_read_range; with
+ * io_uring (iouring.c) a worker keeps up to FERRY__IO_URING_DEPTH chunk reads in flight on its own
+ * ring. Chunks handed to a ring are "started": cancel_all lets them finish like a running chunk.
+ * The backend is chosen once, at create.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +60,8 @@ struct ferry__io {
     unsigned nthreads;
     pthread_t *threads;
     unsigned char *bounce; /* nthreads blocks of FERRY__IO_ALIGN bytes, one per worker */
+    ferry__uring **rings;  /* one ring per worker, or NULL: the thread backend */
+    unsigned ring_count;   /* rings created (the nthreads asked for) */
 };
 
 /* The pool whose worker this thread is, so that cancel_all from a done callback does not wait on
@@ -94,17 +104,21 @@ static void complete(ferry__io *io, ferry__ioreq *req, int status)
     pthread_mutex_unlock(&io->mu);
 }
 
-static void *worker(void *arg)
+/* Writes the detail of REQ's first failure, chunk C failing with STATUS. mu held. */
+static void set_errmsg_locked(ferry__ioreq *req, const ferry__iochunk *c, int status,
+                              const char *msg)
 {
-    ferry__io *io = arg;
-    current_pool = io;
+    if (msg && *msg)
+        snprintf(req->errmsg, sizeof req->errmsg, "%s", msg);
+    else
+        snprintf(req->errmsg, sizeof req->errmsg, "%s: read of %llu bytes at offset %llu failed: %s",
+                 req->file->path, (unsigned long long)(c->end - c->pos),
+                 (unsigned long long)c->pos, ferry_strerror(status));
+}
+
+int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
+{
     pthread_mutex_lock(&io->mu);
-    /* the worker's own bounce block: the index is its position among the threads */
-    unsigned char *bounce = NULL;
-    for (unsigned i = 0; i < io->nthreads; i++)
-        if (pthread_equal(io->threads[i], pthread_self()))
-            bounce = io->bounce + (size_t)i * FERRY__IO_ALIGN;
-    ferry__err err;
     for (;;) {
         if (io->fin_head) {
             ferry__ioreq *req = io->fin_head;
@@ -117,50 +131,120 @@ static void *worker(void *arg)
             pthread_mutex_lock(&io->mu);
             continue;
         }
-        if (!io->head) {
-            if (io->stopping)
-                break;
-            pthread_cond_wait(&io->work_cv, &io->mu);
-            continue;
+        if (io->head)
+            break;
+        if (!wait) {
+            pthread_mutex_unlock(&io->mu);
+            return 0;
         }
-        /* take the next chunk of the oldest request */
-        ferry__ioreq *req = io->head;
-        uint64_t end = req->offset + req->len;
-        uint64_t pos = req->next_chunk;
-        uint64_t cend = ferry__io_chunk_end(req->offset, end, pos);
-        req->next_chunk = cend;
-        if (cend == end) {
-            io->head = req->next;
-            if (!io->head)
-                io->tail = NULL;
+        if (io->stopping) {
+            pthread_mutex_unlock(&io->mu);
+            return -1;
         }
-        pthread_mutex_unlock(&io->mu);
-
-        err.code = 0;
-        int r = ferry__io_read_range(req->file, pos, cend - pos,
-                                     (unsigned char *)req->dst + (pos - req->offset), req->mode,
-                                     bounce, &err);
-        if (r == 0)
-            atomic_fetch_add_explicit(&io->bytes_read, cend - pos, memory_order_relaxed);
-
-        pthread_mutex_lock(&io->mu);
-        if (r && req->status == 0)
-            req->status = r;
-        io->done_bytes += cend - pos;
-        uint64_t done = io->done_bytes, total = io->total_bytes;
-        ferry__io_progress_fn pfn = io->progress_fn;
-        void *pud = io->progress_ud;
-        int last = --req->chunks_left == 0 && req->next_chunk == end;
-        int status = req->status;
-        pthread_mutex_unlock(&io->mu);
-
-        report_progress(io, pfn, pud, done, total);
-        if (last)
-            complete(io, req, status);
-        pthread_mutex_lock(&io->mu);
+        pthread_cond_wait(&io->work_cv, &io->mu);
+    }
+    /* the next chunk of the oldest request */
+    ferry__ioreq *req = io->head;
+    uint64_t end = req->offset + req->len;
+    c->req = req;
+    c->pos = req->next_chunk;
+    c->end = ferry__io_chunk_end(req->offset, end, c->pos);
+    req->next_chunk = c->end;
+    if (c->end == end) {
+        io->head = req->next;
+        if (!io->head)
+            io->tail = NULL;
     }
     pthread_mutex_unlock(&io->mu);
+    return 1;
+}
+
+void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, const char *msg)
+{
+    ferry__ioreq *req = c->req;
+    uint64_t n = c->end - c->pos, end = req->offset + req->len;
+    if (status == 0)
+        atomic_fetch_add_explicit(&io->bytes_read, n, memory_order_relaxed);
+    pthread_mutex_lock(&io->mu);
+    if (status && req->status == 0) {
+        req->status = status;
+        set_errmsg_locked(req, c, status, msg);
+    }
+    io->done_bytes += n;
+    uint64_t done = io->done_bytes, total = io->total_bytes;
+    ferry__io_progress_fn pfn = io->progress_fn;
+    void *pud = io->progress_ud;
+    int last = --req->chunks_left == 0 && req->next_chunk == end;
+    int st = req->status;
+    pthread_mutex_unlock(&io->mu);
+
+    report_progress(io, pfn, pud, done, total);
+    if (last)
+        complete(io, req, st);
+}
+
+/* The thread backend: one chunk at a time, read on this thread. */
+static void thread_loop(ferry__io *io, unsigned char *bounce)
+{
+    ferry__iochunk c;
+    ferry__err err;
+    while (ferry__io_take(io, &c, 1) == 1) {
+        err.code = 0;
+        err.msg[0] = 0;
+        ferry__ioreq *req = c.req;
+        int r = ferry__io_read_range(req->file, c.pos, c.end - c.pos,
+                                     (unsigned char *)req->dst + (c.pos - req->offset), req->mode,
+                                     bounce, &err);
+        ferry__io_chunk_done(io, &c, r, err.msg);
+    }
+}
+
+static void *worker(void *arg)
+{
+    ferry__io *io = arg;
+    current_pool = io;
+    /* the worker's own bounce block and ring: the index is its position among the threads */
+    unsigned idx = 0;
+    pthread_mutex_lock(&io->mu);
+    for (unsigned i = 0; i < io->nthreads; i++)
+        if (pthread_equal(io->threads[i], pthread_self()))
+            idx = i;
+    pthread_mutex_unlock(&io->mu);
+    unsigned char *bounce = io->bounce + (size_t)idx * FERRY__IO_ALIGN;
+    /* a ring that stopped taking submissions hands its worker over to the thread loop */
+    if (io->rings && ferry__uring_run(io, io->rings[idx], bounce) == 0)
+        return NULL;
+    thread_loop(io, bounce);
     return NULL;
+}
+
+/* Rings for NTHREADS workers when io_uring is wanted and works, else NULL. */
+static ferry__uring **make_rings(unsigned nthreads)
+{
+    const char *want = getenv("FERRY_IO_BACKEND");
+    if (want && strcmp(want, "threads") == 0)
+        return NULL;
+    ferry__uring **r = calloc(nthreads, sizeof *r);
+    if (!r)
+        return NULL;
+    for (unsigned i = 0; i < nthreads; i++) {
+        if (!(r[i] = ferry__uring_create(FERRY__IO_URING_DEPTH))) {
+            for (unsigned j = 0; j < i; j++)
+                ferry__uring_destroy(r[j]);
+            free(r);
+            return NULL;
+        }
+    }
+    return r;
+}
+
+static void free_rings(ferry__uring **r, unsigned n)
+{
+    if (!r)
+        return;
+    for (unsigned i = 0; i < n; i++)
+        ferry__uring_destroy(r[i]);
+    free(r);
 }
 
 ferry__io *ferry__io_create(unsigned nthreads)
@@ -182,6 +266,8 @@ ferry__io *ferry__io_create(unsigned nthreads)
         return NULL;
     }
     io->bounce = b;
+    io->rings = make_rings(nthreads);
+    io->ring_count = io->rings ? nthreads : 0;
     atomic_init(&io->bytes_read, 0);
     pthread_mutex_init(&io->mu, NULL);
     pthread_mutex_init(&io->progress_mu, NULL);
@@ -216,8 +302,15 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
     if ((unsigned)req->mode > FERRY_LOAD_DIRECT)
         return FERRY_EINVAL;
     uint64_t end;
-    if (ferry__add_u64(req->offset, req->len, &end) || end > req->file->size)
+    req->errmsg[0] = 0;
+    if (ferry__add_u64(req->offset, req->len, &end) || end > req->file->size) {
+        snprintf(req->errmsg, sizeof req->errmsg,
+                 "%s: read of %llu bytes at offset %llu goes past the end of the file "
+                 "(%llu bytes)",
+                 req->file->path, (unsigned long long)req->len, (unsigned long long)req->offset,
+                 (unsigned long long)req->file->size);
         return FERRY_EIO;
+    }
     req->next_chunk = req->offset;
     req->chunks_left = ferry__io_chunk_count(req->offset, req->len);
     req->status = 0;
@@ -264,8 +357,12 @@ static void cancel_queued_locked(ferry__io *io)
             dropped++;
         req->chunks_left -= dropped;
         req->next_chunk = end;
-        if (req->status == 0)
+        if (req->status == 0) {
             req->status = FERRY_ECANCELED;
+            snprintf(req->errmsg, sizeof req->errmsg,
+                     "%s: read of %llu bytes at offset %llu cancelled", req->file->path,
+                     (unsigned long long)req->len, (unsigned long long)req->offset);
+        }
         /* with no chunk running, nobody else will finish it */
         if (req->chunks_left == 0)
             finish_locked(io, req);
@@ -304,6 +401,7 @@ void ferry__io_destroy(ferry__io *io)
     pthread_cond_destroy(&io->idle_cv);
     pthread_mutex_destroy(&io->mu);
     pthread_mutex_destroy(&io->progress_mu);
+    free_rings(io->rings, io->ring_count);
     free(io->bounce);
     free(io->threads);
     free(io);
@@ -324,4 +422,14 @@ uint64_t ferry__io_bytes_read(const ferry__io *io)
     if (!io)
         return 0;
     return atomic_load_explicit(&((ferry__io *)io)->bytes_read, memory_order_relaxed);
+}
+
+const char *ferry__io_backend(const ferry__io *io)
+{
+    return io && io->rings ? "uring" : "threads";
+}
+
+unsigned ferry__io_depth(const ferry__io *io)
+{
+    return io && io->rings ? FERRY__IO_URING_DEPTH : 1;
 }
