@@ -103,11 +103,11 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
             pthread_mutex_unlock(&w.m);
             rc = w.status;
             if (rc)
-                ferry__fail(e, rc, "%s: tensor '%s': reading %llu bytes at offset %llu failed: %s",
-                            t->info.file, t->info.name, (unsigned long long)len,
-                            (unsigned long long)abs, ferry_strerror(rc));
+                ferry__fail(e, rc, "tensor '%s': %s", t->info.name,
+                            req.errmsg[0] ? req.errmsg : ferry_strerror(rc));
         } else {
-            ferry__fail(e, rc, "%s: tensor '%s': cannot queue read", t->info.file, t->info.name);
+            ferry__fail(e, rc, "tensor '%s': %s", t->info.name,
+                        req.errmsg[0] ? req.errmsg : "cannot queue the read");
         }
         pthread_cond_destroy(&w.c);
         pthread_mutex_destroy(&w.m);

@@ -10,7 +10,9 @@
  *    file offset are congruent modulo FERRY__IO_ALIGN; the unaligned head and tail go through a
  *    one-block bounce buffer. Anything else (incongruent DST, no O_DIRECT descriptor, a
  *    filesystem that refuses the alignment) is read buffered.
- *  - AUTO: per FERRY__IO_CHUNK piece, MMAP when the piece is mostly in the page cache, else DIRECT.
+ *  - AUTO: per FERRY__IO_CHUNK piece, a buffered read when the piece is mostly in the page cache
+ *    (not a copy out of the mapping: that would fault every page into this process and keep it in
+ *    its resident set, so a budget would not bound it), else DIRECT.
  *
  * Every loop retries EINTR and short reads; a read that finds the end of the file before the range
  * ends (the file shrank after open) is FERRY_EIO naming the path and the offset.
@@ -173,8 +175,7 @@ int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, uns
         uint64_t next = ferry__io_chunk_end(off, end, pos);
         int r;
         if (ferry__iofile_cached(f, pos, next - pos) >= FERRY__IO_AUTO_CACHED) {
-            ferry__io_copy(dst + (pos - off), f->map + pos, (size_t)(next - pos));
-            r = 0;
+            r = pread_full(f, f->fd, dst + (pos - off), next - pos, pos, e);
         } else {
             r = read_direct(f, pos, next - pos, dst + (pos - off), bounce, e);
         }

@@ -271,9 +271,11 @@ static void start(ferry__io *io, ferry__uring *u, const ferry__iochunk *c, unsig
     int r;
 
     ferry_load mode = req->mode;
+    /* AUTO: cached data through a buffered read (a memcpy from the mapping would fault every
+     * page into this process and keep it in its resident set), the rest with O_DIRECT. */
     if (mode == FERRY_LOAD_AUTO)
         mode = ferry__iofile_cached(f, pos, end - pos) >= FERRY__IO_AUTO_CACHED
-                   ? FERRY_LOAD_MMAP
+                   ? FERRY_LOAD_READ
                    : FERRY_LOAD_DIRECT;
     if (mode == FERRY_LOAD_MMAP) {
         submit_pending(io, u, bounce); /* the device works while this thread copies */
