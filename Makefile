@@ -45,7 +45,8 @@ demo: build
 
 fuzz:
 	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON \
-		-DFERRY_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 >/dev/null
+		-DFERRY_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug \
+		"-DCMAKE_C_FLAGS=-O1 -fsanitize=fuzzer-no-link" >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	@for t in gguf safetensors index; do \
 		mkdir -p $(BUILD)-fuzz/corpus-$$t; \
