@@ -31,6 +31,7 @@ typedef struct ferry__group {
     char *name;
     ferry_policy policy;
     int removed;
+    int removing;             /* ferry_group_remove is waiting for its loads: prepares refused */
 } ferry__group;
 
 typedef struct ferry__rule {
@@ -119,6 +120,7 @@ struct ferry_tensor {
     size_t n_terms;
     int merge;
     int stale;                /* comp is from an older epoch but in use: drop at last release */
+    int failed_prefetch;      /* comp's last job, which failed, was a prefetch */
     uint64_t skip_epoch;      /* epoch in which its skipped merges were counted */
 
     int populating;           /* a job is reading its mapped range into the page cache */
@@ -164,6 +166,13 @@ typedef struct ferry__job {
     int prefetch;
     int fill;                 /* FILL_HOST | FILL_COMP */
     uint64_t epoch;           /* LoRA epoch when queued */
+    /* The placement the job works to, fixed when it is queued: a loader never reads policies or
+     * the tensor's decision fields, which other threads may change under the lock meanwhile. */
+    ferry_dtype out_dtype;
+    uint64_t out_bytes;
+    int transformed;
+    ferry_load load;
+    int lock;
     ferry__lora_term *terms;  /* snapshot of t->terms with their scales (merge only), owned */
     float *scales;
     size_t n_terms;
@@ -219,7 +228,9 @@ struct ferry {
     unsigned inflight_prefetch;
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
 
-    ferry__trace *trace;      /* NULL unless tracing; swapped atomically */
+    ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
+                                 side, appended to under its read side */
+    pthread_rwlock_t trace_lock;
     ferry_stats stats;        /* counters; resident/peak filled from devs on read */
     /* Counters updated without the lock (atomics), merged into stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
@@ -278,6 +289,8 @@ int ferry__rebind_all(ferry *f, int check_only);
 
 /* memory.c — budgets and pools; called with the lock held */
 int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t for_distance, ferry__mem *out);
+/* Counts SIZE bytes against DEV's budget without memory behind them (cached LoRA factors). */
+int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out);
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
 void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);

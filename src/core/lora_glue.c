@@ -219,7 +219,7 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
         goto fail;
     }
     ferry__mem held = {0};
-    if ((rc = ferry__reserve(f, FERRY__HOST, bytes, 0, &held)) != 0) {
+    if ((rc = ferry__reserve_bytes(f, FERRY__HOST, bytes, &held)) != 0) {
         ferry__fail_append(&f->err, 0, "while caching the factors of adapter %s", path);
         goto fail;
     }

@@ -25,6 +25,7 @@ ferry *ferry_create(const ferry_options *opt)
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
     pthread_cond_init(&f->work, NULL);
+    pthread_rwlock_init(&f->trace_lock, NULL);
     char msg[256];
     ferry_device *cpu = NULL;
     f->cat = ferry_catalog_create();
@@ -95,6 +96,7 @@ void ferry_destroy(ferry *f)
     ferry__sched_free(&f->sched);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
+    pthread_rwlock_destroy(&f->trace_lock);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
     free(f);
@@ -197,8 +199,10 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         ferry_device *d = f->devs[device].d;
         uint64_t free_b = 0, total = 0;
         if (!bytes && device != FERRY__HOST && d->ops->mem_info &&
-            d->ops->mem_info(d, &free_b, &total) == 0)
+            d->ops->mem_info(d, &free_b, &total) == 0) {
+            free_b += f->devs[device].used; /* what ferry holds there is ferry's to budget */
             bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
+        }
         f->devs[device].budget = bytes;
         /* A smaller budget takes effect now for what is cached; what is in use stays. */
         if (bytes)
@@ -382,9 +386,12 @@ int ferry_group_remove(ferry *f, const char *name)
         rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", name);
         goto out;
     }
+    /* From here on prepares of its tensors are refused, so none can start while this waits. */
+    f->groups[g].removing = 1;
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         if (t->group == g && t->refs > 0) {
+            f->groups[g].removing = 0;
             rc = ferry__fail(&f->err, FERRY_EBUSY,
                              "group '%s': tensor '%s' is prepared (%d references)", name,
                              t->info.name, t->refs);
@@ -397,7 +404,7 @@ int ferry_group_remove(ferry *f, const char *name)
         for (size_t i = 0; i < f->n_all && !busy; i++) {
             ferry_tensor *t = f->all[i];
             busy = t->group == g && (t->comp.state == FERRY__LOADING ||
-                                     t->host.state == FERRY__LOADING);
+                                     t->host.state == FERRY__LOADING || t->populating);
         }
         if (!busy)
             break;

@@ -150,12 +150,26 @@ static void evict(ferry *f, ferry_tensor *t)
     f->stats.evictions++;
 }
 
+static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
+                   ferry__mem *out);
+
 int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__mem *out)
+{
+    return reserve(f, dev, size, min_dist, 1, out);
+}
+
+int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out)
+{
+    return reserve(f, dev, size, 0, 0, out);
+}
+
+static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
+                   ferry__mem *out)
 {
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
-    if (pool_take(f, dev, size, out))
+    if (use_pool && pool_take(f, dev, size, out))
         return 0;
     for (;;) {
         if (!D->budget || (D->used <= D->budget && size <= D->budget - D->used))
@@ -173,7 +187,7 @@ int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__m
                                ferry__fmt_size(size, b2), ferry__fmt_size(D->used, b3));
         }
         evict(f, v);
-        if (pool_take(f, dev, size, out))
+        if (use_pool && pool_take(f, dev, size, out))
             return 0;
     }
     D->used += size;

@@ -180,6 +180,11 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
         c->parent = t;
         c->row_base = r0;
         c->dev_override = p->split_devices[i];
+        /* the parent's LoRA terms apply to each part's own rows */
+        if (t->n_terms && (c->terms = malloc(t->n_terms * sizeof *c->terms)) != NULL) {
+            memcpy(c->terms, t->terms, t->n_terms * sizeof *c->terms);
+            c->n_terms = t->n_terms;
+        }
         parts[i] = c;
         r0 = r1;
     }
@@ -190,8 +195,15 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
 
 int ferry__bind(ferry *f, ferry_tensor *t)
 {
-    if (t->bound)
+    if (t->bound) {
+        /* parts are unbound on their own (an adapter change while the parent was held) */
+        for (int i = 0; i < t->n_parts; i++) {
+            int rc = ferry__bind(f, t->parts[i]);
+            if (rc)
+                return rc;
+        }
         return 0;
+    }
     if (t->parent) {
         t->group = t->parent->group;
     } else {

@@ -206,12 +206,12 @@ static uint64_t chunk_elems(ferry_dtype in, ferry_dtype out)
 
 /* Chunking for a merge: whole rows of the LoRA matrix view, at most FERRY__XFER_CHUNK bytes of
  * input, output and f32 each (at least one row). */
-static uint64_t merge_chunk_elems(const ferry_tensor *t, uint64_t *max_bytes)
+static uint64_t merge_chunk_elems(const ferry_tensor *t, ferry_dtype out, uint64_t *max_bytes)
 {
     uint64_t rows, cols, in_row = 0, out_row = 0;
     ferry__lora_matrix_view(&t->info, &rows, &cols);
     ferry_dtype_nbytes(t->info.dtype, cols, &in_row);
-    ferry_dtype_nbytes(t->out_dtype, cols, &out_row);
+    ferry_dtype_nbytes(out, cols, &out_row);
     uint64_t per_row = FERRY__MAX(FERRY__MAX(in_row, out_row), cols * 4);
     uint64_t nrows = per_row ? FERRY__XFER_CHUNK / per_row : 1;
     if (!nrows)
@@ -229,8 +229,8 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
 {
     ferry_device *d = f->devs[dst->dev].d;
     int to_host = d->host_accessible;
-    ferry_dtype in = t->info.dtype, out = t->out_dtype;
-    int merging = j && j->n_terms > 0;
+    ferry_dtype in = t->info.dtype, out = j->out_dtype;
+    int merging = j->n_terms > 0;
     int converted = in != out;
     unsigned char *dptr = dst->ptr;
     char msg[256];
@@ -245,7 +245,7 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
     }
     uint64_t n = t->info.n_elems, step, need = FERRY__XFER_CHUNK, cols = 1, rows = 1;
     if (merging) {
-        step = merge_chunk_elems(t, &need);
+        step = merge_chunk_elems(t, out, &need);
         ferry__lora_matrix_view(&t->info, &rows, &cols);
     } else {
         step = chunk_elems(in, out);
@@ -264,8 +264,11 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
         ferry_dtype_nbytes(in, ce, &in_len);
         ferry_dtype_nbytes(out, el, &out_off);
         ferry_dtype_nbytes(out, ce, &out_len);
-        if (!to_host && (rc = wait_slot(d, lc, slot)) != 0)
+        if (!to_host && (rc = wait_slot(d, lc, slot)) != 0) {
+            ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", d->name,
+                        t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
             break;
+        }
         const unsigned char *src;
         if (src_host) {
             src = src_host + in_off;
@@ -371,10 +374,9 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
     return 0;
 }
 
-static void lock_copy(ferry *f, ferry_tensor *t, ferry__copy *c, uint64_t len)
+static void lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len)
 {
-    const ferry_policy *p = ferry__policy_of(f, t);
-    if (!p->lock || t->lazy || !c->ptr || !host_side(f, c->dev))
+    if (!lock || !c->ptr || !host_side(f, c->dev))
         return;
     if (mlock(c->ptr, len) == 0) {
         c->locked = 1;
@@ -427,19 +429,18 @@ static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__e
         if (rc || fill == FILL_POPULATE)
             return rc;
     }
-    const ferry_policy *p = ferry__policy_of(f, t);
     int rc = 0;
     if (fill & FILL_HOST) {
         rc = alloc_copy(f, &t->host, t->info.offset % FERRY__IO_ALIGN, e, t);
         if (!rc)
-            rc = read_range(f, t, 0, t->info.nbytes, t->host.ptr, p->load, e);
+            rc = read_range(f, t, 0, t->info.nbytes, t->host.ptr, j->load, e);
         if (!rc)
-            lock_copy(f, t, &t->host, t->info.nbytes);
+            lock_copy(f, j->lock, &t->host, t->info.nbytes);
         if (rc)
             return rc;
     }
     if (fill & FILL_COMP) {
-        uint64_t head = host_side(f, t->comp.dev) && !ferry__transformed(t)
+        uint64_t head = host_side(f, t->comp.dev) && !j->transformed
                             ? t->info.offset % FERRY__IO_ALIGN : 0;
         rc = alloc_copy(f, &t->comp, head, e, t);
         if (rc)
@@ -447,9 +448,9 @@ static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__e
         /* The host copy is READY (permanent, or filled just above) or absent. */
         const unsigned char *src = (t->host.state == FERRY__READY || (fill & FILL_HOST))
                                        ? t->host.ptr : NULL;
-        rc = transfer(f, lc, t, j, src, p->load, &t->comp, e);
+        rc = transfer(f, lc, t, j, src, j->load, &t->comp, e);
         if (!rc && t->comp.permanent)
-            lock_copy(f, t, &t->comp, t->out_bytes);
+            lock_copy(f, j->lock, &t->comp, j->out_bytes);
     }
     return rc;
 }
@@ -493,7 +494,7 @@ static int needs(ferry *f, ferry_tensor *t, int home_only)
                 t->comp.state = FERRY__READY;
                 t->comp.ptr = mapped;
                 t->comp.mapped = t->comp.permanent = 1;
-                lock_copy(f, t, &t->comp, t->info.nbytes);
+                lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->comp, t->info.nbytes);
                 return t->populated ? 0 : FILL_POPULATE;
             }
             t->comp.permanent = 1;
@@ -508,7 +509,7 @@ static int needs(ferry *f, ferry_tensor *t, int home_only)
             t->host.state = FERRY__READY;
             t->host.ptr = mapped;
             t->host.mapped = 1;
-            lock_copy(f, t, &t->host, t->info.nbytes);
+            lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->host, t->info.nbytes);
             if (!t->populated)
                 fill |= FILL_POPULATE;
         } else {
@@ -598,7 +599,13 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         t->populating = 1;
     t->load_gen++;
     t->used = 1;
+    t->failed_prefetch = 0;
     j->epoch = f->lora_epoch;
+    j->out_dtype = t->out_dtype;
+    j->out_bytes = t->out_bytes;
+    j->transformed = ferry__transformed(t);
+    j->load = ferry__policy_of(f, t)->load;
+    j->lock = ferry__policy_of(f, t)->lock && !t->lazy;
     j->t = t;
     j->prefetch = prefetch;
     j->fill = fill;
@@ -633,7 +640,16 @@ static void prefetch_ahead(ferry *f)
         if (id == FERRY__SCHED_NONE || id >= f->n_all)
             break;
         ferry_tensor *t = f->all[id];
-        if (t->removed || t->ignored || t->lazy || t->n_parts)
+        if (!t->bound) {
+            /* unbound since an adapter or rule change: decide before queuing anything */
+            ferry__err saved = f->err;
+            int brc = ferry__bind(f, t->parent ? t->parent : t);
+            f->err = saved;
+            if (brc)
+                continue;
+        }
+        if (t->removed || t->ignored || t->lazy || t->n_parts ||
+            (t->parent && t->parent->ignored))
             continue;
         if (ahead >= window)
             break;
@@ -648,9 +664,13 @@ static void prefetch_ahead(ferry *f)
     }
 }
 
+static void drop_if_unkept(ferry *f, ferry_tensor *t);
+
 static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e)
 {
     ferry_tensor *t = j->t;
+    if (j->prefetch)
+        f->inflight_prefetch--;
     if (fill & FILL_POPULATE) {
         /* The mapping works without it: a failed populate leaves the pages to fault in. */
         t->populating = 0;
@@ -658,8 +678,6 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         if (fill == FILL_POPULATE) {
             if (rc && !f->err.code)
                 f->err = *e;
-            if (j->prefetch)
-                f->inflight_prefetch--;
             return;
         }
     }
@@ -670,6 +688,7 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             memset(&t->comp, 0, sizeof t->comp);
             t->comp.dev = dev;
             t->comp.status = rc;
+            t->failed_prefetch = j->prefetch;
         }
         if (fill & FILL_HOST) {
             if (t->host.locked)
@@ -677,7 +696,9 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             ferry__unreserve(f, FERRY__HOST, &t->host.mem);
             memset(&t->host, 0, sizeof t->host);
         }
-        if (!j->prefetch || !f->err.code)
+        /* A prefetch's failure is no one's error unless a prepare waits for it (then the
+         * prepare retries it as its own load). */
+        if (!j->prefetch)
             f->err = *e;
     } else {
         if (fill & FILL_HOST)
@@ -690,15 +711,16 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             /* The adapter set changed while this ran: the copy is of the old epoch. */
             if (j->epoch != f->lora_epoch && (t->comp.merged || t->merge || t->n_terms))
                 t->stale = 1;
-        }
-        if (t->stale && !t->refs && t->comp.state == FERRY__READY) {
-            ferry__drop_copy(f, t, &t->comp);
-            t->stale = 0;
-            t->bound = 0;
+            /* On the host, an unmerged home copy made from the pristine host copy makes that
+             * one redundant (it was kept for merges). */
+            if (t->comp.permanent && !t->comp.merged && t->host.state == FERRY__READY &&
+                host_side(f, t->comp.dev) && !t->stale)
+                ferry__drop_copy(f, t, &t->host);
         }
     }
-    if (j->prefetch)
-        f->inflight_prefetch--;
+    /* Decided under an older adapter set, or loaded for a prepare that has since failed. */
+    if (!t->refs)
+        drop_if_unkept(f, t);
 }
 
 static void *loader_main(void *arg)
@@ -796,6 +818,9 @@ static int usable(ferry *f, ferry_tensor *t)
     if (t->ignored)
         return ferry__fail(&f->err, FERRY_ENOENT, "tensor '%s' is ignored by policy",
                            t->info.name);
+    if (t->group >= 0 && f->groups[t->group].removing)
+        return ferry__fail(&f->err, FERRY_EBUSY, "tensor '%s': its group '%s' is being removed",
+                           t->info.name, f->groups[t->group].name);
     return ferry__check_expect(f, t);
 }
 
@@ -826,6 +851,16 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
         for (size_t i = 0; i < n && !rc; i++) {
             ferry_tensor *t = ts[i];
             ferry__copy *c = home_only && t->host.permanent ? &t->host : &t->comp;
+            if (!home_only && t->stale && t->refs == 1 && t->comp.state == FERRY__READY) {
+                /* Staged under an adapter set that has changed since, and held by no one else
+                 * (the one reference is this prepare's): stage it again. */
+                ferry__drop_copy(f, t, &t->comp);
+                t->stale = 0;
+                t->bound = 0;
+                if ((rc = ferry__bind(f, t->parent ? t->parent : t)) != 0)
+                    break;
+                seen[i] = 0;
+            }
             if ((c->state == FERRY__READY && !t->populating) || seen[i] == UINT64_MAX)
                 continue;
             if (c->state == FERRY__LOADING || t->host.state == FERRY__LOADING || t->populating) {
@@ -833,7 +868,7 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
                 pending = 1;
                 continue;
             }
-            if (seen[i] && seen[i] == t->load_gen) {
+            if (seen[i] && seen[i] == t->load_gen && !t->failed_prefetch) {
                 rc = t->comp.status ? t->comp.status : FERRY_EIO;
                 break;
             }
@@ -927,11 +962,15 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     f->last_set_bytes = set_bytes;
     rc = bring(f, u, nu, 0, 1);
     if (rc) {
-        for (size_t i = 0; i < nu; i++)
+        for (size_t i = 0; i < nu; i++) {
             u[i]->refs--;
+            drop_if_unkept(f, u[i]);
+        }
         for (size_t i = 0; i < n; i++)
-            if (ts[i]->n_parts)
+            if (ts[i]->n_parts) {
                 ts[i]->refs--;
+                drop_if_unkept(f, ts[i]);
+            }
     } else {
         for (size_t i = 0; i < nu; i++)
             u[i]->comp.last_use = ++f->clock;
@@ -947,15 +986,16 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
  * so does a home-disk copy when no host budget allows keeping it. */
 static void drop_if_unkept(ferry *f, ferry_tensor *t)
 {
-    if (t->refs || t->comp.state != FERRY__READY)
+    if (t->refs || t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING)
         return;
     if (t->stale) {
-        ferry__drop_copy(f, t, &t->comp);
+        if (t->comp.state == FERRY__READY)
+            ferry__drop_copy(f, t, &t->comp);
         t->stale = 0;
         t->bound = 0; /* the next use decides again (merge or not, zero-copy or not) */
         return;
     }
-    if (t->comp.permanent || t->comp.mapped)
+    if (t->comp.state != FERRY__READY || t->comp.permanent || t->comp.mapped)
         return;
     if (t->comp.dev == FERRY__HOST && !f->devs[FERRY__HOST].budget)
         ferry__drop_copy(f, t, &t->comp);
@@ -1094,7 +1134,7 @@ int ferry_tensor_get_part(const ferry_tensor *t, int i, ferry_tensor_part *out)
     const ferry_tensor *u = t->n_parts ? t->parts[i] : t;
     ferry *f = t->owner;
     pthread_mutex_lock(&f->lock);
-    out->device = u->compute_dev;
+    out->device = u->comp.state == FERRY__READY ? u->comp.dev : u->compute_dev;
     out->row0 = u->row_base;
     out->n_rows = u->info.n_rows;
     out->data = u->refs > 0 && u->comp.state == FERRY__READY ? u->comp.ptr : NULL;
@@ -1124,7 +1164,10 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
             }
             base = end;
         }
-        return n ? FERRY_EINVAL : 0;
+        if (n)
+            return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': bytes past its end",
+                                    t->info.name);
+        return 0;
     }
     pthread_mutex_lock(&f->lock);
     int held = t->refs > 0 && t->comp.state == FERRY__READY;

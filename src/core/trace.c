@@ -64,12 +64,16 @@ int ferry_trace_start(ferry *f, const char *path)
     }
     pthread_mutex_init(&tr->lock, NULL);
     tr->origin = ferry__now();
-    pthread_mutex_lock(&f->lock);
+    pthread_rwlock_wrlock(&f->trace_lock);
     ferry__trace *old = f->trace;
-    f->trace = tr;
-    pthread_mutex_unlock(&f->lock);
-    if (old)
-        ferry__trace_free(old);
+    if (!old)
+        __atomic_store_n(&f->trace, tr, __ATOMIC_RELEASE);
+    pthread_rwlock_unlock(&f->trace_lock);
+    if (old) {
+        ferry__trace_free(tr);
+        return ferry__fail_lock(f, FERRY_EBUSY, "a trace is already being recorded (to %s)",
+                                old->path);
+    }
     return 0;
 }
 
@@ -92,34 +96,43 @@ static void add(ferry__trace *tr, const char *name, const char *cat, double t0, 
     pthread_mutex_unlock(&tr->lock);
 }
 
+/* Appends under the read side of trace_lock: ferry_trace_stop takes the write side before it
+ * frees the trace, so no append can be running on a freed one. */
+static void add_locked(ferry *f, const char *name, const char *cat, double t0, double t1,
+                       int dyn)
+{
+    pthread_rwlock_rdlock(&f->trace_lock);
+    ferry__trace *tr = f->trace;
+    if (tr)
+        add(tr, name, cat, t0, t1, dyn);
+    else if (dyn)
+        free((char *)name);
+    pthread_rwlock_unlock(&f->trace_lock);
+}
+
 void ferry__trace_add(ferry *f, const char *name, const char *cat, double t0, double t1)
 {
-    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
-    if (tr)
-        add(tr, name, cat, t0, t1, 0);
+    if (ferry__tracing(f))
+        add_locked(f, name, cat, t0, t1, 0);
 }
 
 void ferry__trace_addf(ferry *f, const char *cat, double t0, double t1, const char *fmt,
                        const char *arg)
 {
-    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
-    if (!tr)
+    if (!ferry__tracing(f))
         return;
     char *name = ferry__asprintf(fmt, arg);
     if (name)
-        add(tr, name, cat, t0, t1, 1);
+        add_locked(f, name, cat, t0, t1, 1);
 }
 
 void ferry_trace_event(ferry *f, const char *name, const char *cat, double t0, double t1)
 {
-    if (!f || !name)
-        return;
-    ferry__trace *tr = __atomic_load_n(&f->trace, __ATOMIC_ACQUIRE);
-    if (!tr)
+    if (!f || !name || !ferry__tracing(f))
         return;
     char *copy = ferry__strdup(name);
     if (copy)
-        add(tr, copy, cat ? cat : "engine", t0, t1, 1);
+        add_locked(f, copy, cat ? cat : "engine", t0, t1, 1);
 }
 
 void ferry__trace_free(ferry__trace *tr)
@@ -178,17 +191,12 @@ int ferry_trace_stop(ferry *f)
 {
     if (!f)
         return FERRY_EINVAL;
-    pthread_mutex_lock(&f->lock);
+    pthread_rwlock_wrlock(&f->trace_lock);
     ferry__trace *tr = f->trace;
     __atomic_store_n(&f->trace, NULL, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&f->lock);
+    pthread_rwlock_unlock(&f->trace_lock);
     if (!tr)
         return 0;
-    /* Loaders may still be adding to it: wait until the queue is idle. */
-    pthread_mutex_lock(&f->lock);
-    while (f->running)
-        pthread_cond_wait(&f->cond, &f->lock);
-    pthread_mutex_unlock(&f->lock);
     int rc = ferry__trace_write(f, tr);
     ferry__trace_free(tr);
     return rc;

@@ -51,6 +51,14 @@ void ferry__sched_reset(ferry__sched *s)
     s->misses = 0;
 }
 
+/* Starts recording again, from ID. */
+static void rerecord(ferry__sched *s, uint32_t id)
+{
+    ferry__sched_reset(s);
+    s->pos[id] = 0;
+    s->order[s->len++] = id;
+}
+
 int ferry__sched_touch(ferry__sched *s, uint32_t id)
 {
     if (!s->enabled || id >= s->n_ids)
@@ -62,46 +70,52 @@ int ferry__sched_touch(ferry__sched *s, uint32_t id)
             s->order[s->len++] = id;
             return 0;
         }
-        /* A recorded tensor again: the pass repeats. A schedule needs at least two entries to
-         * say anything about the future. */
+        /* The pass repeats when its first tensor comes again. Another recorded tensor coming
+         * again (a weight shared by several layers) keeps its first position. */
+        if (p != 0)
+            return 0;
         if (s->len < 2) {
-            ferry__sched_reset(s);
-            s->pos[id] = 0;
-            s->order[s->len++] = id;
+            rerecord(s, id);
             return 0;
         }
         s->complete = 1;
-        s->cursor = p;
+        s->cursor = 0;
         s->misses = 0;
+        s->seen = 1;
         s->passes++;
         return 1;
     }
     if (p == FERRY__SCHED_NONE) {
         /* A tensor the recorded pass never used: the pattern changed. */
-        ferry__sched_reset(s);
-        s->pos[id] = 0;
-        s->order[s->len++] = id;
+        rerecord(s, id);
         return 0;
     }
-    size_t expected = (s->cursor + 1) % s->len;
-    /* A small step back is a set prepared in another order than recorded, not a new pass. */
-    if (p < s->cursor && s->cursor - p <= 8 && s->len > 16)
+    if (p == s->cursor)
         return 0;
-    int wrapped = p < s->cursor;
-    if (p != expected && p != s->cursor) {
-        /* Prepares of one set may come in any order within the set; count only real jumps. */
-        size_t ahead = (p + s->len - s->cursor) % s->len;
-        if (ahead > 8 && ++s->misses > s->len / 4 + 1) {
-            ferry__sched_reset(s);
-            s->pos[id] = 0;
-            s->order[s->len++] = id;
+    size_t len = s->len, q = len / 4;
+    size_t fwd = (p + len - s->cursor) % len; /* steps forward from the cursor */
+    /* From the last quarter to the first: a new pass. */
+    int wrap = p < s->cursor && s->cursor + q + 1 >= len && p <= q;
+    /* Forward within a few steps is the recorded order (a set may be prepared in another order
+     * than it was recorded); anything else is a miss. */
+    if (!wrap && fwd > 8) {
+        s->misses++;
+    } else if (!wrap && p < s->cursor) {
+        s->misses++;
+    }
+    if (++s->seen >= len) {
+        /* A pass worth of prepares: more than a quarter out of order means the order changed. */
+        int changed = s->misses > q;
+        s->seen = 0;
+        s->misses = 0;
+        if (changed) {
+            rerecord(s, id);
             return 0;
         }
     }
     s->cursor = p;
-    if (wrapped) {
+    if (wrap) {
         s->passes++;
-        s->misses = 0;
         return 1;
     }
     return 0;

@@ -6,8 +6,10 @@
  * pass is recorded: each tensor gets the position of its first prepare. When a recorded tensor is
  * prepared again, the pass is complete and the schedule is cyclic; from then on a cursor follows the
  * prepares, and the distance from the cursor to a tensor's position (modulo the pass length) is its
- * next use. When the prepares stop following the recorded order (more than a quarter of a pass out
- * of order) the schedule is dropped and recorded again.
+ * next use. When the prepares stop following the recorded order (more than a quarter of a pass's
+ * worth of prepares out of order) the schedule is dropped and recorded again. Recording ends
+ * when the first recorded tensor comes again; a tensor used several times per pass keeps the
+ * position of its first use.
  *
  * Not thread-safe: the manager calls it under its lock. Tensors are numbered 0..n-1.
  */
@@ -27,7 +29,8 @@ typedef struct ferry__sched {
     int complete;        /* the pass repeated: distances are meaningful */
     size_t cursor;       /* position of the last prepared tensor (complete schedules) */
     uint64_t passes;     /* completed passes (cursor wraps) */
-    size_t misses;       /* out-of-order prepares in the current pass */
+    size_t misses;       /* out-of-order prepares in the last `seen` prepares */
+    size_t seen;         /* prepares counted towards the current pass-length window */
     int enabled;
 } ferry__sched;
 
