@@ -2,7 +2,7 @@
  * test_io.c — the synchronous side of the I/O engine: opening files (regular, missing, directory,
  * empty), reads in every load mode over many (offset, length, destination alignment) combinations
  * checked byte for byte against a known pattern, reads past the end, a file that shrinks after
- * open, page-cache probes, and the machine-limit probes of limits.c. The read matrix and the
+ * open, page-cache probes. The read matrix and the
  * page-cache effects of each mode are checked again through the worker pool, once per backend
  * (FERRY_IO_BACKEND=threads, then uring where the build and kernel allow it).
  */
@@ -21,7 +21,6 @@
 #pragma GCC diagnostic pop
 #include "io/io.h"
 #include "io/io_internal.h"
-#include "io/limits.h"
 
 #define MIB (UINT64_C(1) << 20)
 #define FILE_SIZE (40 * MIB + 1234) /* three chunks and an odd tail */
@@ -386,23 +385,6 @@ static void test_copy(void)
     free(out);
 }
 
-static void test_limits(const char *path, const char *dir)
-{
-    double g = ferry__limit_memcpy(8 * MIB);
-    fprintf(stderr, "memcpy %.2f GB/s\n", g);
-    CHECK(g > 0);
-    g = ferry__limit_first_touch(8 * MIB);
-    fprintf(stderr, "first touch %.2f GB/s\n", g);
-    CHECK(g > 0);
-    g = ferry__limit_direct_read(path, 2, 4 * MIB);
-    fprintf(stderr, "direct read %.2f GB/s\n", g);
-    CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
-    char missing[4200];
-    snprintf(missing, sizeof missing, "%s/missing.bin", dir);
-    CHECK(ferry__limit_direct_read(missing, 2, 0) < 0);
-    CHECK(ferry__limit_direct_read(dir, 2, 0) < 0);
-}
-
 int main(void)
 {
     const char *dir = check_tmpdir("io");
@@ -430,7 +412,6 @@ int main(void)
     test_errors(&f, dir);
     test_cache(&f);
     test_shrunk(dir);
-    test_limits(path, dir);
     test_pool(&f, "threads", "threads");
     test_pool(&f, "uring", ferry__io_uring_usable() ? "uring" : "threads");
 

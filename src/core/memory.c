@@ -171,6 +171,12 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     out->size = 0;
     if (use_pool && pool_take(f, dev, size, out))
         return 0;
+    if (D->budget && size > D->budget) {
+        /* never fits: fail before evicting anything */
+        char b1[32], b2[32];
+        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s do not fit in a budget of %s",
+                           D->d->name, ferry__fmt_size(size, b1), ferry__fmt_size(D->budget, b2));
+    }
     for (;;) {
         if (!D->budget || (D->used <= D->budget && size <= D->budget - D->used))
             break;

@@ -562,7 +562,7 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     ferry__mem hm = {0}, cm = {0};
     int rc = 0;
     if (fill & FILL_HOST)
-        rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), 0, &hm);
+        rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), min_dist, &hm);
     if (!rc && (fill & FILL_COMP)) {
         int dev = t->comp.dev;
         uint64_t size = host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "layers.h"
 #include "limits.h"
 
 #define MAX_RUNS 32
@@ -56,10 +57,6 @@ enum {
     M_COUNT
 };
 
-typedef struct layer_set {
-    ferry_tensor **t;
-    size_t n;
-} layer_set;
 
 typedef struct stream_res {
     const char *device;   /* NULL: cpu */
@@ -120,67 +117,6 @@ static void step_done(bench *b)
 }
 
 /* ---- the model -------------------------------------------------------------------------------- */
-
-/* The layer of a tensor: its name up to the first all-digit component ("blk.3", "down_blocks.1"),
- * or the name without its last component. The same rule as `ferry run` (cmd_run.c), so that the
- * working set here is the one a run streams. */
-static size_t layer_key_len(const char *name)
-{
-    const char *p = name;
-    while (*p) {
-        const char *dot = strchr(p, '.');
-        size_t len = dot ? (size_t)(dot - p) : strlen(p);
-        int digits = len > 0;
-        for (size_t i = 0; i < len; i++)
-            digits &= p[i] >= '0' && p[i] <= '9';
-        if (digits)
-            return (size_t)(p - name) + len;
-        if (!dot)
-            break;
-        p = dot + 1;
-    }
-    const char *last = strrchr(name, '.');
-    return last ? (size_t)(last - name) : strlen(name);
-}
-
-/* Consecutive tensors (catalog order) of one layer form one set. */
-static int build_sets(ferry *f, layer_set **out, size_t *n_out)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t n = ferry_catalog_count(c);
-    layer_set *sets = calloc(n ? n : 1, sizeof *sets);
-    ferry_tensor **all = calloc(n ? n : 1, sizeof *all);
-    if (!sets || !all) {
-        free(sets), free(all);
-        return cli_error("out of memory");
-    }
-    size_t ns = 0, k = 0, prev_len = 0;
-    const char *prev = NULL;
-    for (size_t i = 0; i < n; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ferry_tensor *t = ferry_find(f, info.name);
-        if (!t)
-            continue;
-        size_t len = layer_key_len(info.name);
-        if (!prev || len != prev_len || strncmp(prev, info.name, len) != 0)
-            sets[ns++].t = &all[k];
-        all[k++] = t;
-        sets[ns - 1].n++;
-        prev = info.name;
-        prev_len = len;
-    }
-    *out = sets;
-    *n_out = ns;
-    return 0;
-}
-
-static void free_sets(layer_set *sets)
-{
-    if (sets)
-        free(sets[0].t);
-    free(sets);
-}
 
 /* Files, sizes, tensor bytes, layers and the working set, from a catalog of PATH. */
 static int describe_model(bench *b)

@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "gen_lora.h"
+#include "layers.h"
 #include "limits.h"
 #include "synth.h"
 
@@ -188,27 +189,6 @@ static int demo_load(const char *path, uint64_t model)
     return CLI_EXIT_OK;
 }
 
-/* The layer a tensor belongs to, as `ferry run` groups them: name up to the first all-digit
- * component ("blk.3"), or the name without its last component. */
-static size_t layer_key(const char *name)
-{
-    const char *p = name;
-    while (*p) {
-        const char *dot = strchr(p, '.');
-        size_t len = dot ? (size_t)(dot - p) : strlen(p);
-        int digits = len > 0;
-        for (size_t i = 0; i < len; i++)
-            digits &= p[i] >= '0' && p[i] <= '9';
-        if (digits)
-            return (size_t)(p - name) + len;
-        if (!dot)
-            break;
-        p = dot + 1;
-    }
-    const char *last = strrchr(name, '.');
-    return last ? (size_t)(last - name) : strlen(name);
-}
-
 static int demo_stream(const char *path, uint64_t model, int quiet)
 {
     uint64_t budget = model / 4;
@@ -216,49 +196,30 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
     ferry *f = open_model(path, &disk, 0);
     if (!f)
         return CLI_EXIT_FAIL;
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t n = ferry_catalog_count(c);
-    ferry_tensor **ts = calloc(n, sizeof *ts);
-    size_t *start = calloc(n + 1, sizeof *start), nsets = 0;
-    uint64_t *set_bytes = calloc(n + 1, sizeof *set_bytes);
-    float *x = NULL, *y = NULL;
-    uint64_t max_cols = 1, max_rows = 1;
-    if (!ts || !start || !set_bytes) {
-        free(ts), free(start), free(set_bytes);
+    layer_set *sets = NULL;
+    size_t nsets = 0;
+    if (build_sets(f, &sets, &nsets)) {
         ferry_destroy(f);
-        return cli_error("out of memory");
+        return CLI_EXIT_FAIL;
     }
-    const char *prev = NULL;
-    size_t prev_len = 0;
-    for (size_t i = 0; i < n; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ts[i] = ferry_find(f, info.name);
-        size_t len = layer_key(info.name);
-        if (!prev || len != prev_len || strncmp(prev, info.name, len))
-            start[nsets++] = i;
-        set_bytes[nsets - 1] += info.nbytes;
-        prev = info.name;
-        prev_len = len;
-        max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
-        max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
-    }
-    start[nsets] = n;
+    uint64_t max_cols = 1, max_rows = 1, n = 0;
+    for (size_t k = 0; k < nsets; k++)
+        for (size_t i = 0; i < sets[k].n; i++, n++) {
+            ferry_tensor_info info;
+            ferry_tensor_get_info(sets[k].t[i], &info);
+            max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
+            max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
+        }
     /* W: the layer in use plus the one being prefetched, at their largest (wrapping around) */
-    uint64_t w = 0;
-    for (size_t k = 0; k < nsets; k++) {
-        uint64_t pair = set_bytes[k] + set_bytes[(k + 1) % nsets];
-        w = pair > w ? pair : w;
-    }
-    x = calloc(max_cols, sizeof *x);
-    y = calloc(max_rows, sizeof *y);
+    uint64_t w = sets_working_set(sets, nsets);
+    float *x = calloc(max_cols, sizeof *x), *y = calloc(max_rows, sizeof *y);
     for (uint64_t i = 0; x && i < max_cols; i++)
         x[i] = 0.001f * (float)(i % 97);
     /* A small model's quarter may not hold two layers at once: then the budget is the working
      * set plus the page of headroom each buffer has for direct I/O. */
     const char *why = "a quarter";
-    if (budget < w + (uint64_t)n * 8192) {
-        budget = w + (uint64_t)n * 8192;
+    if (budget < w + n * 8192) {
+        budget = w + n * 8192;
         why = "raised to the working set";
     }
     ferry_set_budget(f, 0, budget);
@@ -268,27 +229,27 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
     limits_drop_cache(path);
     cli_progress bar;
     cli_progress_start(&bar, "stream", 4 * nsets, !quiet);
-    int rc = 0;
+    int rc = x && y ? 0 : cli_error("out of memory");
     double pass_s[4];
     uint64_t pass_read[4];
-    for (int p = 0; p < 4 && !rc && x && y; p++) {
+    for (int p = 0; p < 4 && !rc; p++) {
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
         double t0 = cli_now();
         for (size_t k = 0; k < nsets && !rc; k++) {
-            size_t cnt = start[k + 1] - start[k];
-            if ((rc = ferry_prepare(f, ts + start[k], cnt)) != 0) {
+            if ((rc = ferry_prepare(f, sets[k].t, sets[k].n)) != 0) {
                 cli_fail(path, ferry_errmsg(f), rc);
                 break;
             }
-            for (size_t i = start[k]; i < start[k + 1]; i++) {
+            for (size_t i = 0; i < sets[k].n; i++) {
                 ferry_tensor_info info;
-                ferry_tensor_get_info(ts[i], &info);
+                ferry_tensor_get_info(sets[k].t[i], &info);
                 if (info.ndim >= 2)
-                    ferry_matvec(ferry_tensor_dtype(ts[i]), ferry_tensor_data(ts[i]), info.n_rows,
-                                 info.row_elems, x, y);
+                    ferry_matvec(ferry_tensor_dtype(sets[k].t[i]),
+                                 ferry_tensor_data(sets[k].t[i]), info.n_rows, info.row_elems, x,
+                                 y);
             }
-            ferry_release(f, ts + start[k], cnt);
+            ferry_release(f, sets[k].t, sets[k].n);
             cli_progress_update(&bar, (uint64_t)p * nsets + k + 1);
         }
         pass_s[p] = cli_now() - t0;
@@ -296,7 +257,7 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
         pass_read[p] = s1.bytes_read - s0.bytes_read;
     }
     cli_progress_end(&bar);
-    if (!rc && x && y) {
+    if (!rc) {
         ferry_stats st;
         ferry_get_stats(f, &st);
         char b1[32], b2[32], b3[32];
@@ -316,7 +277,8 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
                cli_size(st.peak_bytes[0], b1), cli_size(budget, b2),
                (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses);
     }
-    free(x), free(y), free(ts), free(start), free(set_bytes);
+    free(x), free(y);
+    free_sets(sets);
     ferry_destroy(f);
     return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }

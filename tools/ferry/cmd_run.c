@@ -12,69 +12,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "layers.h"
 #include "runopts.h"
-
-typedef struct layer_set {
-    ferry_tensor **t;
-    size_t n;
-} layer_set;
-
-/* The layer a tensor belongs to: its name up to the first all-digit component ("blk.3",
- * "down_blocks.1"), or the name without its last component. */
-static size_t layer_key_len(const char *name)
-{
-    const char *p = name;
-    while (*p) {
-        const char *dot = strchr(p, '.');
-        size_t len = dot ? (size_t)(dot - p) : strlen(p);
-        int digits = len > 0;
-        for (size_t i = 0; i < len; i++)
-            digits &= p[i] >= '0' && p[i] <= '9';
-        if (digits)
-            return (size_t)(p - name) + len;
-        if (!dot)
-            break;
-        p = dot + 1;
-    }
-    const char *last = strrchr(name, '.');
-    return last ? (size_t)(last - name) : strlen(name);
-}
-
-static int build_sets(ferry *f, layer_set **out, size_t *n_out)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t n = ferry_catalog_count(c);
-    layer_set *sets = calloc(n ? n : 1, sizeof *sets);
-    ferry_tensor **all = calloc(n ? n : 1, sizeof *all);
-    if (!sets || !all) {
-        free(sets), free(all);
-        return cli_error("out of memory");
-    }
-    size_t ns = 0, k = 0;
-    const char *prev = NULL;
-    size_t prev_len = 0;
-    for (size_t i = 0; i < n; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ferry_tensor *t = ferry_find(f, info.name);
-        if (!t)
-            continue; /* ignored */
-        size_t len = layer_key_len(info.name);
-        if (!prev || len != prev_len || strncmp(prev, info.name, len) != 0) {
-            sets[ns].t = &all[k];
-            ns++;
-        }
-        all[k++] = t;
-        sets[ns - 1].n++;
-        prev = info.name;
-        prev_len = len;
-    }
-    if (!ns)
-        free(all);
-    *out = sets;
-    *n_out = ns;
-    return 0;
-}
 
 static void drop_cache(ferry *f)
 {
@@ -428,9 +367,7 @@ int cmd_run(int argc, char **argv)
         rc = CLI_EXIT_FAIL;
     (void)checksum;
 out:
-    if (sets && nsets)
-        free(sets[0].t);
-    free(sets);
+    free_sets(sets);
     free(ps);
     free(x);
     free(y);

@@ -1,0 +1,42 @@
+/*
+ * test_limits.c — the machine-limit probes of `ferry bench` and `ferry demo` (tools/ferry/
+ * limits.c, compiled into this test): each returns a positive rate on a real file and memory, and
+ * a negative error code on a missing file or a folder.
+ */
+#include "check.h"
+#include "../tools/ferry/limits.c"
+
+int main(void)
+{
+    const char *dir = check_tmpdir("limits");
+    char path[1200], missing[1200];
+    snprintf(path, sizeof path, "%s/data.bin", dir);
+    snprintf(missing, sizeof missing, "%s/missing.bin", dir);
+    size_t n = 24u << 20;
+    unsigned char *buf = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (unsigned char)(i * 31 + 7);
+    CHECK(check_write_file(path, buf, n) == 0);
+    free(buf);
+    double g = limits_memcpy(8u << 20);
+    fprintf(stderr, "memcpy %.2f GB/s\n", g);
+    CHECK(g > 0);
+    g = limits_fresh_memory(8u << 20, 2);
+    fprintf(stderr, "fresh memory %.2f GB/s\n", g);
+    CHECK(g > 0);
+    g = limits_direct_read(path, 2, 4u << 20);
+    fprintf(stderr, "direct read %.2f GB/s\n", g);
+    CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
+    g = limits_buffered_read(path, 4u << 20);
+    fprintf(stderr, "buffered read %.2f GB/s\n", g);
+    CHECK(g > 0);
+    CHECK(limits_direct_read(missing, 2, 0) < 0);
+    CHECK(limits_direct_read(dir, 2, 0) < 0);
+    CHECK(limits_buffered_read(missing, 0) < 0);
+    CHECK(limits_drop_cache(path) == 0);
+    CHECK(limits_warm_file(path) == 0);
+    double frac = limits_cached_fraction(path);
+    CHECK(frac > 0.5);
+    check_rmdir(dir);
+    return check_finish();
+}

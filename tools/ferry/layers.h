@@ -1,0 +1,31 @@
+/*
+ * layers.h — how the tool cuts a model into layers, the unit `run`, `bench` and `demo` prepare
+ * at once: consecutive tensors (file order) whose names share the part up to the first all-digit
+ * component ("blk.3", "down_blocks.1"); a tensor with no such component is a layer of its own
+ * (its name without the last component: "output_norm").
+ */
+#ifndef FERRY_CLI_LAYERS_H
+#define FERRY_CLI_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct layer_set {
+    ferry_tensor **t; /* points into one array shared by all sets (owned by set 0) */
+    size_t n;
+    uint64_t bytes;   /* bytes of its tensors in the file */
+} layer_set;
+
+/* Length of the layer key of NAME. */
+size_t layer_key_len(const char *name);
+/* The layers of every tensor F finds (ignored ones left out), in file order. 0, or
+ * CLI_EXIT_FAIL after printing why. Free with free_sets. */
+int build_sets(ferry *f, layer_set **out, size_t *n_out);
+void free_sets(layer_set *sets);
+/* W: the most bytes two consecutive layers hold together (the last and the first included: a
+ * pass wraps around), or the one layer's bytes when there is only one. */
+uint64_t sets_working_set(const layer_set *sets, size_t n);
+
+#endif
