@@ -333,26 +333,6 @@ enum {
 };
 
 
-/* Faults fresh host memory in before the read that fills it. First touch of anonymous memory is
- * slow on virtual machines (0.6-4 GB/s); done here, on this loader, it overlaps with the reads other
- * loaders have in flight instead of stalling inside the read, and the kernel's populate path is
- * faster than faulting page by page. */
-static void prefault(ferry *f, ferry__copy *c)
-{
-    if (!host_side(f, c->dev) || c->mem.size < (UINT64_C(1) << 20))
-        return;
-    uintptr_t base = (uintptr_t)c->mem.base, page = 4096;
-    uintptr_t lo = (base + page - 1) & ~(page - 1), hi = (base + c->mem.size) & ~(page - 1);
-    if (hi <= lo)
-        return;
-#ifdef MADV_POPULATE_WRITE
-    if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0)
-        return;
-#endif
-    for (uintptr_t p = lo; p < hi; p += page)
-        *(volatile unsigned char *)p = 0;
-}
-
 static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                       const ferry_tensor *t)
 {
@@ -370,7 +350,6 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                            ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;
     c->ptr = (unsigned char *)p + head;
-    prefault(f, c);
     return 0;
 }
 

@@ -125,11 +125,6 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
         if (p == MAP_FAILED) {
             p = NULL;
         } else {
-#ifdef MADV_HUGEPAGE
-            /* Huge pages fault in 512 times fewer steps: first touch of weights is the cost. */
-            if (size >= (UINT64_C(4) << 20))
-                madvise(p, (size_t)size, MADV_HUGEPAGE);
-#endif
             pthread_mutex_lock(&c->lock);
             int rc = blocks_put(c, (uintptr_t)p, size);
             pthread_mutex_unlock(&c->lock);
