@@ -374,19 +374,19 @@ static int run_job(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
     return rc;
 }
 
-/* Brings a zero-copy tensor's pages into the page cache in one sequential sweep: each page of
- * the mapping touched once, in order, under MADV_SEQUENTIAL, so that the kernel's readahead runs
- * ahead of the sweep with large asynchronous reads. On the development VM this fills the page
- * cache faster than large buffered preads or O_DIRECT reads do (ferry bench: mmap page faults
- * 1.48 GB/s, one-thread pread 0.98, O_DIRECT 1.10), and the pages end up mapped, as the engine
- * will use them. Skipped when the range is already cached. (Like every zero-copy access, a file
- * truncated after it was opened faults with SIGBUS here; ferry never writes the files it maps.) */
+/* Brings a zero-copy tensor's pages into the page cache by touching each page of its mapping once,
+ * in order: the kernel's readahead sees a sequential stream and reads ahead of the sweep with
+ * large asynchronous reads. Measured on the development VM (bench/load_bench, 2 GiB, medians of
+ * 3), this fills the cache as fast as mmap page faults do and faster than mmap + MAP_POPULATE,
+ * large buffered preads or O_DIRECT; the pages end up mapped, as the engine will use them. No
+ * MADV_SEQUENTIAL: it lets the kernel drop pages right after they are read (it cost 30%).
+ * Skipped when the range is already cached. (Like every zero-copy access, a file truncated after
+ * it was opened faults with SIGBUS here; ferry never writes the files it maps.) */
 static int populate(ferry *f, loader_ctx *lc, ferry_tensor *t, ferry__err *e)
 {
     (void)lc, (void)e;
     if (!t->file->map || ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >= 0.98)
         return 0;
-    ferry__iofile_advise(t->file, t->info.offset, t->info.nbytes, MADV_SEQUENTIAL);
     const volatile unsigned char *p = t->file->map + t->info.offset;
     unsigned char sink = 0;
     for (uint64_t off = 0; off < t->info.nbytes; off += 4096)
