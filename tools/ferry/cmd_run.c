@@ -148,6 +148,23 @@ out:
     return ok;
 }
 
+/* A field of /proc/self/status in bytes ("RssAnon", "RssFile"), 0 when unknown. */
+static uint64_t proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    size_t klen = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen) && line[klen] == ':') {
+            kb = strtoull(line + klen + 1, NULL, 10);
+            break;
+        }
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
 static uint64_t peak_rss(void)
 {
     struct rusage ru;
@@ -323,6 +340,11 @@ int cmd_run(int argc, char **argv)
         cli_json_end_array(&j);
         cli_json_key(&j, "peak_rss_bytes");
         cli_json_u64(&j, rss);
+        /* at the end: private memory versus file pages mapped (zero-copy, page cache) */
+        cli_json_key(&j, "rss_anon_bytes");
+        cli_json_u64(&j, proc_status_kb("RssAnon"));
+        cli_json_key(&j, "rss_file_bytes");
+        cli_json_u64(&j, proc_status_kb("RssFile"));
         cli_json_key(&j, "host_peak_bytes");
         cli_json_u64(&j, st.peak_bytes[0]);
         cli_json_key(&j, "device_peak_bytes");
@@ -353,8 +375,9 @@ int cmd_run(int argc, char **argv)
                    (unsigned long long)p + 1, ps[p].seconds, cli_size(ps[p].bytes_read, b1),
                    ps[p].seconds > 0 ? ps[p].bytes_read / ps[p].seconds / 1e9 : 0.0,
                    ps[p].stall);
-        printf("peak RSS %s, ferry's host peak %s", cli_size(rss, b2),
-               cli_size(st.peak_bytes[0], b3));
+        printf("peak RSS %s (now: private %s, mapped file %s), ferry's host peak %s",
+               cli_size(rss, b2), cli_size(proc_status_kb("RssAnon"), b1),
+               cli_size(proc_status_kb("RssFile"), (char[32]){0}), cli_size(st.peak_bytes[0], b3));
         for (int d = 1; d < ferry_device_count(f); d++)
             printf(", device %d peak %s", d, cli_size(st.peak_bytes[d], b1));
         printf("\nprefetch hits %llu, misses %llu, evictions %llu\n",
