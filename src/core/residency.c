@@ -627,7 +627,8 @@ static void prefetch_ahead(ferry *f)
                 continue;
         }
         if (t->removed || t->ignored || t->lazy || t->n_parts ||
-            (t->parent && t->parent->ignored))
+            (t->parent && t->parent->ignored) ||
+            (t->group >= 0 && f->groups[t->group].removing))
             continue;
         if (ahead >= window)
             break;
@@ -696,8 +697,10 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
                 ferry__drop_copy(f, t, &t->host);
         }
     }
-    /* Decided under an older adapter set, or loaded for a prepare that has since failed. */
-    if (!t->refs)
+    /* Decided under an older adapter set, or loaded for a prepare that has since failed. A
+     * prefetched copy waits for the prepare it was fetched for (dropping it here would let the
+     * next prefetch fetch it again, forever). */
+    if (!t->refs && (!j->prefetch || t->stale))
         drop_if_unkept(f, t);
 }
 
