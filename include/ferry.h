@@ -394,7 +394,8 @@ typedef struct ferry_policy {
 
 /* Options at creation. Zero-initialised means defaults. */
 typedef struct ferry_options {
-    uint32_t io_threads;        /* I/O worker threads; 0: 4 */
+    uint32_t io_threads;        /* I/O workers and loader threads; 0: $FERRY_IO_THREADS or 4.
+                                   ($FERRY_IO_BACKEND=threads|uring picks the I/O backend.) */
     uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: no limit */
     int no_schedule;            /* nonzero: never record an access order nor prefetch by it */
 } ferry_options;

@@ -20,8 +20,12 @@ ferry *ferry_create(const ferry_options *opt)
         return NULL;
     if (opt)
         f->opt = *opt;
-    if (!f->opt.io_threads)
-        f->opt.io_threads = 4;
+    if (!f->opt.io_threads) {
+        /* FERRY_IO_THREADS: the default for managers that do not set it (tuning, benchmarks) */
+        const char *env = getenv("FERRY_IO_THREADS");
+        long v = env ? strtol(env, NULL, 10) : 0;
+        f->opt.io_threads = v > 0 && v <= 64 ? (uint32_t)v : 4;
+    }
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
     pthread_cond_init(&f->work, NULL);
