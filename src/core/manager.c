@@ -222,6 +222,14 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     size_t before = ferry_catalog_count(f->cat);
+    if (before != f->n_tensors) {
+        /* An earlier open ran out of memory half-way: the catalog holds tensors the manager
+         * does not, and a later file's tensors would not line up. */
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM,
+                           "%s: an earlier open of this manager ran out of memory; create a new "
+                           "manager", path);
+    }
     int rc = ferry_catalog_add(f->cat, path, prefix);
     if (rc) {
         ferry__fail(&f->err, rc, "%s", ferry_catalog_errmsg(f->cat));
@@ -231,8 +239,6 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
     size_t after = ferry_catalog_count(f->cat);
     ferry_tensor **ts = realloc(f->tensors, (after ? after : 1) * sizeof *ts);
     if (!ts) {
-        if (ts)
-            f->tensors = ts;
         pthread_mutex_unlock(&f->lock);
         return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
     }
@@ -240,7 +246,8 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
     for (size_t i = before; i < after; i++) {
         ferry_tensor *t = calloc(1, sizeof *t);
         if (!t) {
-            /* The catalog keeps the file; tensors beyond n_tensors stay unreachable. */
+            /* The catalog keeps the file; tensors beyond n_tensors stay unreachable (every lookup
+             * checks n_tensors), and later opens are refused. */
             pthread_mutex_unlock(&f->lock);
             return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
         }
