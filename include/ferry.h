@@ -662,7 +662,8 @@ FERRY_API int ferry_get_stats(const ferry *f, ferry_stats *out);
  * Chrome trace format that Perfetto and chrome://tracing open.
  * ------------------------------------------------------------------------------------------- */
 
-/* Starts recording events; they are written to PATH by ferry_trace_stop (or ferry_destroy). */
+/* Starts recording events; they are written to PATH by ferry_trace_stop (or ferry_destroy).
+ * FERRY_EBUSY while another trace is being recorded (stop it first). */
 FERRY_API int ferry_trace_start(ferry *f, const char *path);
 /* Adds an engine event NAME (category CAT) that ran from T0 to T1, seconds of ferry_now(). */
 FERRY_API void ferry_trace_event(ferry *f, const char *name, const char *cat, double t0, double t1);
