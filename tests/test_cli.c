@@ -16,65 +16,7 @@
 #include "ferry.h"
 #include "formats/formats.h"
 
-static const char *tmp;
-static char *out_text, *err_text; /* stdout and stderr of the last run */
-static size_t out_len;
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t k;
-    while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += k;
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = '\0';
-    if (len)
-        *len = n;
-    return buf;
-}
-
-/* Runs `FERRY_CLI ARGS` (ARGS formatted, passed to the shell) with stdout and stderr captured;
- * returns the exit status (or -1 when it did not exit normally). */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char args[8192], cmd[17000], op[4200], ep[4200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(op, sizeof op, "%s/stdout.txt", tmp);
-    snprintf(ep, sizeof ep, "%s/stderr.txt", tmp);
-    snprintf(cmd, sizeof cmd, "%s %s >'%s' 2>'%s'", FERRY_CLI, args, op, ep);
-    int st = system(cmd);
-    free(out_text);
-    free(err_text);
-    out_text = read_file(op, &out_len);
-    err_text = read_file(ep, NULL);
-    if (!out_text)
-        out_text = calloc(1, 1);
-    if (!err_text)
-        err_text = calloc(1, 1);
-    if (st == -1 || !WIFEXITED(st))
-        return -1;
-    return WEXITSTATUS(st);
-}
+#include "cli_harness.h"
 
 static int contains(const char *hay, const char *needle) { return hay && strstr(hay, needle); }
 
@@ -507,7 +449,7 @@ static void test_unet(void)
 static int same_file(const char *a, const char *b)
 {
     size_t na, nb;
-    char *x = read_file(a, &na), *y = read_file(b, &nb);
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
     int same = x && y && na == nb && memcmp(x, y, na) == 0;
     free(x);
     free(y);
@@ -518,7 +460,7 @@ static int same_file(const char *a, const char *b)
 static int same_tensor_data(const char *a, const char *b)
 {
     size_t na, nb;
-    char *x = read_file(a, &na), *y = read_file(b, &nb);
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
     ferry_catalog *ca = ferry_catalog_create(), *cb = ferry_catalog_create();
     ferry_tensor_info ta, tb;
     int same = x && y && ferry_catalog_add(ca, a, NULL) == 0 &&
@@ -555,7 +497,7 @@ static void test_determinism(void)
         CHECK(!same_tensor_data(a, c)); /* the values differ, not only the seed in the header */
         /* never all zeros */
         size_t n = 0, nonzero = 0;
-        char *data = read_file(a, &n);
+        char *data = slurp(a, &n);
         for (size_t i = n / 2; data && i < n; i++)
             nonzero += data[i] != 0;
         CHECK(nonzero > n / 4);
@@ -645,7 +587,7 @@ static void test_failures(void)
     snprintf(trunc, sizeof trunc, "%s/trunc.gguf", tmp);
     CHECK_EQ_INT(run("gen -o '%s' --layers 2 --dim 64 --ff 128 --vocab 100 -q", path), 0);
     size_t n = 0;
-    char *data = read_file(path, &n);
+    char *data = slurp(path, &n);
     CHECK(data && n > 1000);
     if (data) {
         CHECK(check_write_file(trunc, data, n / 2) == 0);
@@ -675,7 +617,7 @@ static void test_failures(void)
     int st = system(cmd);
     CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
     snprintf(cmd, sizeof cmd, "%s/limited.txt", tmp);
-    char *msg = read_file(cmd, NULL);
+    char *msg = slurp(cmd, NULL);
     snprintf(prefix, sizeof prefix, "ferry: %s:", model);
     CHECK(starts_with(msg, prefix));
     free(msg);
@@ -1160,9 +1102,9 @@ static void test_demo(void)
     CHECK_EQ_INT(system(cmd), 0);
     char p[4300];
     snprintf(p, sizeof p, "%s/demo1.txt", tmp);
-    char *first = read_file(p, NULL);
+    char *first = slurp(p, NULL);
     snprintf(p, sizeof p, "%s/demo2.txt", tmp);
-    char *second = read_file(p, NULL);
+    char *second = slurp(p, NULL);
     CHECK(contains(first, "generated") && contains(first, "catalog"));
     CHECK(contains(second, "reused") && contains(second, "catalog"));
     snprintf(p, sizeof p, "%s/ferry", cache);
