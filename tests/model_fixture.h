@@ -139,4 +139,22 @@ static inline void *fixture_pread(const char *path, uint64_t off, uint64_t n)
     return buf;
 }
 
+/* Handles of every tensor F finds (ignored ones left out), in file order; *N their number.
+ * free() the array. */
+static inline ferry_tensor **fixture_all_tensors(ferry *f, size_t *n)
+{
+    const ferry_catalog *c = ferry_catalog_of(f);
+    size_t cnt = ferry_catalog_count(c), k = 0;
+    ferry_tensor **ts = calloc(cnt ? cnt : 1, sizeof *ts);
+    for (size_t i = 0; ts && i < cnt; i++) {
+        ferry_tensor_info info;
+        ferry_catalog_tensor(c, i, &info);
+        ferry_tensor *t = ferry_find(f, info.name);
+        if (t)
+            ts[k++] = t;
+    }
+    *n = k;
+    return ts;
+}
+
 #endif

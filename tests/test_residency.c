@@ -41,23 +41,6 @@ static int same_as_file(ferry *f, ferry_tensor *t)
     return ok;
 }
 
-static ferry_tensor **all_tensors(ferry *f, size_t *n)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t cnt = ferry_catalog_count(c);
-    ferry_tensor **ts = calloc(cnt, sizeof *ts);
-    size_t k = 0;
-    for (size_t i = 0; i < cnt; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ferry_tensor *t = ferry_find(f, info.name);
-        if (t)
-            ts[k++] = t;
-    }
-    *n = k;
-    return ts;
-}
-
 static void test_every_mode(const char *path, const char *dev_spec)
 {
     static const ferry_home homes[] = {FERRY_HOME_HOST, FERRY_HOME_DISK, FERRY_HOME_DEVICE};
@@ -74,7 +57,7 @@ static void test_every_mode(const char *path, const char *dev_spec)
             ferry_policy p = {.home = homes[h], .compute_device = dev, .load = loads[l]};
             CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
             size_t n;
-            ferry_tensor **ts = all_tensors(f, &n);
+            ferry_tensor **ts = fixture_all_tensors(f, &n);
             CHECK_EQ_INT(n, g_n);
             for (int pass = 0; pass < 2; pass++) {
                 int rc = ferry_prepare(f, ts, n);
@@ -274,7 +257,7 @@ static void test_budget_and_eviction(void)
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     uint64_t budget = model / 2;
     CHECK_EQ_INT(ferry_set_budget(f, 0, budget), 0);
@@ -326,7 +309,7 @@ static void test_sim_faults(void)
     ferry_policy p = {.home = FERRY_HOME_HOST, .compute_device = sim, .load = FERRY_LOAD_READ};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     ferry_device *d = f->devs[sim].d;
     int failures = 0;
     for (uint64_t k = 1; k <= n + 2; k++) {
@@ -355,8 +338,10 @@ static void test_sim_faults(void)
         }
     }
     CHECK(failures >= (int)n);
+    /* every refused prepare came from an injected fault */
     ferry__sim_stats ss;
     ferry__sim_get_stats(d, &ss);
+    CHECK(ss.alloc_failures + ss.copy_failures >= (uint64_t)failures);
     free(ts);
     ferry_destroy(f);
 }
@@ -373,7 +358,7 @@ static void test_sim_budget(void)
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     CHECK_EQ_INT(ferry_set_budget(f, sim, model / 3), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     for (int pass = 0; pass < 3; pass++)
         for (size_t i = 0; i < n; i++) {
             CHECK_EQ_INT(ferry_prepare(f, &ts[i], 1), 0);
@@ -403,7 +388,7 @@ static void test_conversion(void)
                           .compute_dtype = FERRY_DTYPE_F32};
         CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
         size_t n;
-        ferry_tensor **ts = all_tensors(f, &n);
+        ferry_tensor **ts = fixture_all_tensors(f, &n);
         CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
         int ok = 1;
         for (size_t i = 0; i < n; i++) {
@@ -454,7 +439,7 @@ static void test_dry_run(const char *dev_spec)
             CHECK_EQ_INT(st0.resident_bytes[0], 0);
             CHECK_EQ_INT(ferry_load_group(f, NULL), 0);
             size_t n;
-            ferry_tensor **ts = all_tensors(f, &n);
+            ferry_tensor **ts = fixture_all_tensors(f, &n);
             CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
             ferry_stats st;
             ferry_get_stats(f, &st);
@@ -478,7 +463,7 @@ static void test_split(void)
                       .split_devices = {a, b}, .split_weights = {1, 3}};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     for (int pass = 0; pass < 2; pass++) {
         CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
         int ok = 1;

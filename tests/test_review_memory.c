@@ -17,22 +17,6 @@ static char g_model[1200], g_huge[1200], g_slow[1200], g_three[1200];
 static fixture_tensor g_ts[64];
 static size_t g_n;
 
-static ferry_tensor **all_tensors(ferry *f, size_t *n)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t cnt = ferry_catalog_count(c), k = 0;
-    ferry_tensor **ts = calloc(cnt, sizeof *ts);
-    for (size_t i = 0; i < cnt; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ferry_tensor *t = ferry_find(f, info.name);
-        if (t)
-            ts[k++] = t;
-    }
-    *n = k;
-    return ts;
-}
-
 static uint64_t resident(ferry *f, int dev)
 {
     ferry_stats st;
@@ -103,7 +87,7 @@ static void test_budget_lifted(void)
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     CHECK_EQ_INT(ferry_set_budget(f, 0, model / 2), 0);
     for (int pass = 0; pass < 3; pass++)
@@ -151,7 +135,7 @@ static void test_used_back_to_homes(void)
                           .convert = 1, .compute_dtype = FERRY_DTYPE_F16};
         CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
         size_t n;
-        ferry_tensor **ts = all_tensors(f, &n);
+        ferry_tensor **ts = fixture_all_tensors(f, &n);
         for (int k = 0; k < 2; k++) {
             CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
             CHECK_EQ_INT(ferry_prepare(f, ts, n / 2), 0); /* some twice */
@@ -215,7 +199,7 @@ static void test_faults_split_convert(void)
                       .split_devices = {a, b}, .convert = 1, .compute_dtype = FERRY_DTYPE_F32};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     /* reference: every tensor's f32 bytes */
     float **want = calloc(n, sizeof *want);
     CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
@@ -457,7 +441,7 @@ static void test_close_with_queue(void)
                           .compute_dtype = FERRY_DTYPE_F16};
         CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
         size_t n;
-        ferry_tensor **ts = all_tensors(f, &n);
+        ferry_tensor **ts = fixture_all_tensors(f, &n);
         CHECK_EQ_INT(ferry_prefetch(f, ts, n), 0);
         if (k == 0) {
             /* queued home-only jobs too */

@@ -13,22 +13,6 @@
 
 static char g_model[1200], g_slow[1200], g_trace[1200];
 
-static ferry_tensor **all_tensors(ferry *f, size_t *n)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t cnt = ferry_catalog_count(c), k = 0;
-    ferry_tensor **ts = calloc(cnt, sizeof *ts);
-    for (size_t i = 0; i < cnt; i++) {
-        ferry_tensor_info info;
-        ferry_catalog_tensor(c, i, &info);
-        ferry_tensor *t = ferry_find(f, info.name);
-        if (t)
-            ts[k++] = t;
-    }
-    *n = k;
-    return ts;
-}
-
 /* ---- group removed while one of its tensors is being prepared ---------------------------------- */
 
 typedef struct remove_arg {
@@ -119,7 +103,7 @@ static void test_group_add_while_loading(void)
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     stream_arg sa = {f, ts, n, 0, 0, 0};
     pthread_t th;
     pthread_create(&th, NULL, stream_thread, &sa);
@@ -164,7 +148,7 @@ static void test_trace_restart(void)
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = all_tensors(f, &n);
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
     stream_arg sa = {f, ts, n, 20, 0, 0};
     event_arg ea = {f, 0};
     pthread_t th, te;

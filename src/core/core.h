@@ -59,7 +59,7 @@ typedef struct ferry__copy {
     void *ptr;        /* where the tensor's first byte is */
     int permanent;    /* a home copy: never evicted */
     int mapped;       /* ptr points into the file mapping (zero-copy or lazy) */
-    int locked;       /* mlock'd */
+    uint64_t locked;  /* bytes mlock'd from ptr (0: none) */
     uint64_t last_use;/* LRU clock */
     uint64_t epoch;   /* LoRA epoch it was staged in */
     int merged;       /* LoRA terms were added to it */

@@ -16,9 +16,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "core/core.h"
+#include "devices/devices.h"
 
 /* A pooled buffer of SIZE serves a request of NEED when it is at most 1/8 (+8 KiB) larger. */
 static int pool_fits(uint64_t size, uint64_t need)
@@ -109,7 +109,7 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
     (void)t;
     if (c->locked && c->ptr)
-        munlock(c->ptr, c->mapped ? t->info.nbytes : c->mem.size);
+        ferry__host_unlock(c->ptr, c->locked);
     if (c->mem.base || c->mem.size)
         give_back(f, c->dev, &c->mem);
     memset(c, 0, sizeof *c);

@@ -352,10 +352,11 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
 
 static void lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len)
 {
-    if (!lock || !c->ptr || !host_side(f, c->dev))
+    if (!lock || !c->ptr || !host_side(f, c->dev) || !len)
         return;
-    if (mlock(c->ptr, len) == 0) {
-        c->locked = 1;
+    /* a refusal (RLIMIT_MEMLOCK) is counted, not an error: the copy works unlocked */
+    if (ferry__host_lock(c->ptr, len, NULL) == 0) {
+        c->locked = len;
         add_stat(&f->a_locked_bytes, len);
     } else {
         add_stat(&f->a_lock_failures, 1);
@@ -671,7 +672,7 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         }
         if (fill & FILL_HOST) {
             if (t->host.locked)
-                munlock(t->host.ptr, t->info.nbytes);
+                ferry__host_unlock(t->host.ptr, t->host.locked);
             ferry__unreserve(f, FERRY__HOST, &t->host.mem);
             memset(&t->host, 0, sizeof t->host);
         }
