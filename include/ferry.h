@@ -476,7 +476,8 @@ FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
  * stays cached only when a host budget is set (ferry_options.host_budget or ferry_set_budget on
  * device 0) — with no host budget nothing of it is kept. */
 FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
-/* Drops every reference of every tensor. */
+/* Drops every reference of every tensor, after waiting for prefetches in flight; what no budget
+ * allows to keep is freed before it returns. */
 FERRY_API int ferry_release_all(ferry *f);
 /* Asynchronous hint: starts bringing TS towards their compute devices as far as the budget allows.
  * Never blocks on I/O. */

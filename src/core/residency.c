@@ -1017,6 +1017,10 @@ int ferry_release_all(ferry *f)
     if (!f)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
+    /* Prefetches in flight would land copies nobody holds: let them finish first, so that what
+     * is not kept is gone when this returns. */
+    while (f->inflight_prefetch && !f->closing)
+        pthread_cond_wait(&f->cond, &f->lock);
     for (size_t i = 0; i < f->n_all; i++) {
         f->all[i]->refs = 0;
         drop_if_unkept(f, f->all[i]);
