@@ -148,6 +148,7 @@ struct ferry_tensor {
 typedef struct ferry__pool_buf {
     void *base;
     uint64_t size;
+    uint32_t segs; /* > 0: a mapped cpu block of exactly SIZE bytes, stitchable (ferry__cpu_stitch) */
 } ferry__pool_buf;
 
 typedef struct ferry__dev {
@@ -158,6 +159,7 @@ typedef struct ferry__dev {
     uint64_t pooled;          /* free buffers kept for reuse (host only) */
     ferry__pool_buf *pool;
     size_t n_pool, cap_pool;
+    int no_stitch;            /* the kernel cannot move pages (not Linux): pool by size only */
 } ferry__dev;
 
 typedef struct ferry__job {

@@ -13,6 +13,10 @@
  * The pool (per device, while a budget bounds it) exists because fresh memory is expensive: first
  * touch of anonymous host memory is slow on virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree
  * synchronize the device, and a streamed model reuses the same few buffer sizes layer after layer.
+ * On other devices a pooled buffer serves a request of about its size. On the cpu device a request
+ * of any size is served from pooled pages whatever their sizes: ferry__cpu_stitch cuts a larger
+ * block or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh
+ * page once the budget's worth has been touched.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +36,20 @@ static void dev_free(ferry *f, int dev, void *base)
     d->ops->free(d, base);
 }
 
-void ferry__pool_trim(ferry *f, int dev, uint64_t want_free)
+/* Frees pooled buffers, largest first (fewest frees for the room asked), until WANT_FREE bytes
+ * are freed or none is left; only unstitchable ones when KEEP_STITCHABLE. Returns bytes freed. */
+static uint64_t pool_trim(ferry *f, int dev, uint64_t want_free, int keep_stitchable)
 {
     ferry__dev *D = &f->devs[dev];
     uint64_t freed = 0;
-    while (D->n_pool && freed < want_free) {
-        /* Largest first: fewest frees for the room asked. */
-        size_t best = 0;
-        for (size_t i = 1; i < D->n_pool; i++)
-            if (D->pool[i].size > D->pool[best].size)
+    while (freed < want_free) {
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < D->n_pool; i++)
+            if (!(keep_stitchable && D->pool[i].segs) &&
+                (best == SIZE_MAX || D->pool[i].size > D->pool[best].size))
                 best = i;
+        if (best == SIZE_MAX)
+            break;
         ferry__pool_buf b = D->pool[best];
         D->pool[best] = D->pool[--D->n_pool];
         dev_free(f, dev, b.base);
@@ -49,6 +57,12 @@ void ferry__pool_trim(ferry *f, int dev, uint64_t want_free)
         D->used -= b.size;
         freed += b.size;
     }
+    return freed;
+}
+
+void ferry__pool_trim(ferry *f, int dev, uint64_t want_free)
+{
+    pool_trim(f, dev, want_free, 0);
 }
 
 static int pool_take(ferry *f, int dev, uint64_t need, ferry__mem *out)
@@ -68,34 +82,38 @@ static int pool_take(ferry *f, int dev, uint64_t need, ferry__mem *out)
     return 1;
 }
 
-/* Gives memory back: into the host pool when a budget bounds it, else to the device. */
+/* Keeps M's buffer in DEV's pool (still counted in used); 0 when the pool cannot grow. */
+static int pool_put(ferry *f, int dev, void *base, uint64_t size)
+{
+    ferry__dev *D = &f->devs[dev];
+    if (D->n_pool == D->cap_pool) {
+        size_t cap = D->cap_pool ? D->cap_pool * 2 : 64;
+        ferry__pool_buf *p = realloc(D->pool, cap * sizeof *p);
+        if (!p)
+            return 0;
+        D->pool = p;
+        D->cap_pool = cap;
+    }
+    uint64_t bsize = 0;
+    uint32_t segs = 0;
+    if (!ferry__cpu_block(D->d, base, &bsize, &segs) || bsize != size)
+        segs = 0;
+    D->pool[D->n_pool++] = (ferry__pool_buf){.base = base, .size = size, .segs = segs};
+    D->pooled += size;
+    return 1;
+}
+
+/* Gives memory back: into the pool when a budget bounds the device, else to the device. */
 static void give_back(ferry *f, int dev, ferry__mem *m)
 {
     ferry__dev *D = &f->devs[dev];
     if (!m->size && !m->base)
         return;
-    if (m->base && D->budget) {
-        if (D->n_pool == D->cap_pool) {
-            size_t cap = D->cap_pool ? D->cap_pool * 2 : 64;
-            ferry__pool_buf *p = realloc(D->pool, cap * sizeof *p);
-            if (p) {
-                D->pool = p;
-                D->cap_pool = cap;
-            }
-        }
-        if (D->n_pool < D->cap_pool) {
-            D->pool[D->n_pool].base = m->base;
-            D->pool[D->n_pool].size = m->size;
-            D->n_pool++;
-            D->pooled += m->size;
-            m->base = NULL;
-            m->size = 0;
-            return;
-        }
+    if (!(m->base && D->budget && pool_put(f, dev, m->base, m->size))) {
+        if (m->base)
+            dev_free(f, dev, m->base);
+        D->used -= m->size;
     }
-    if (m->base)
-        dev_free(f, dev, m->base);
-    D->used -= m->size;
     m->base = NULL;
     m->size = 0;
 }
@@ -163,13 +181,131 @@ int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out)
     return reserve(f, dev, size, 0, 0, out);
 }
 
+/* Most parts and kernel mappings one stitched block may have: each mapping costs a VMA, of which a
+ * process has about 65,000. */
+#define STITCH_MAX_PARTS 16
+#define STITCH_MAX_SEGS 32
+
+/* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes.
+ * Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve it (nothing
+ * changed; the caller evicts or takes fresh memory), -1 when the kernel refused to move pages:
+ * the parts tried are gone (accounted as freed), the caller tries again. */
+static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__mem *out)
+{
+    ferry__dev *D = &f->devs[dev];
+    uint64_t avail = 0;
+    size_t single = SIZE_MAX;
+    for (size_t i = 0; i < D->n_pool; i++) {
+        if (!D->pool[i].segs)
+            continue;
+        avail += D->pool[i].size;
+        if (D->pool[i].size >= need &&
+            (single == SIZE_MAX || D->pool[i].size < D->pool[single].size))
+            single = i;
+    }
+    if (!avail || (avail < need && need - avail > room))
+        return 0;
+    /* the parts: the smallest block that holds NEED, else the largest blocks first */
+    size_t pick[STITCH_MAX_PARTS];
+    size_t n = 0;
+    uint64_t sum = 0;
+    uint32_t segs = 0;
+    if (single != SIZE_MAX) {
+        pick[n++] = single;
+        sum = D->pool[single].size;
+    }
+    while (sum < need && n < STITCH_MAX_PARTS) {
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < D->n_pool; i++) {
+            int taken = 0;
+            for (size_t k = 0; k < n; k++)
+                taken |= pick[k] == i;
+            if (D->pool[i].segs && !taken && segs + D->pool[i].segs <= STITCH_MAX_SEGS &&
+                (best == SIZE_MAX || D->pool[i].size > D->pool[best].size))
+                best = i;
+        }
+        if (best == SIZE_MAX)
+            break;
+        pick[n++] = best;
+        sum += D->pool[best].size;
+        segs += D->pool[best].segs;
+    }
+    if (sum < need && need - sum > room) {
+        /* capped: free pooled blocks not picked until the fresh rest fits */
+        uint64_t want = need - sum - room;
+        for (size_t i = 0; i < D->n_pool && want; i++) {
+            int taken = 0;
+            for (size_t k = 0; k < n; k++)
+                taken |= pick[k] == i;
+            if (taken)
+                continue;
+            ferry__pool_buf b = D->pool[i];
+            dev_free(f, dev, b.base);
+            D->pooled -= b.size;
+            D->used -= b.size;
+            want = b.size >= want ? 0 : want - b.size;
+            /* keep the picked indices valid: the last entry moves into slot i */
+            size_t last = --D->n_pool;
+            for (size_t k = 0; k < n; k++)
+                if (pick[k] == last)
+                    pick[k] = i;
+            D->pool[i] = D->pool[last];
+            i--;
+        }
+        if (want)
+            return 0; /* cannot happen: avail + room >= need */
+    }
+    void *parts[STITCH_MAX_PARTS];
+    for (size_t k = 0; k < n; k++)
+        parts[k] = D->pool[pick[k]].base;
+    void *base, *rest;
+    uint64_t got, rest_size;
+    int rc = ferry__cpu_stitch(D->d, parts, n, need, &base, &got, &rest, &rest_size);
+    if (rc == FERRY_EINVAL || rc == FERRY_EUNSUPPORTED) {
+        D->no_stitch = 1; /* the pool goes on by size alone */
+        return 0;
+    }
+    /* the parts leave the pool (highest index first, so the others stay where they are) */
+    for (size_t a = 0; a < n; a++)
+        for (size_t b = a + 1; b < n; b++)
+            if (pick[b] > pick[a]) {
+                size_t x = pick[a];
+                pick[a] = pick[b];
+                pick[b] = x;
+            }
+    for (size_t k = 0; k < n; k++)
+        D->pool[pick[k]] = D->pool[--D->n_pool];
+    D->pooled -= sum;
+    if (rc) {
+        D->used -= sum; /* unmapped by the failed stitch */
+        return -1;
+    }
+    uint64_t kept = 0;
+    if (rest) {
+        if (pool_put(f, dev, rest, rest_size))
+            kept = rest_size;
+        else
+            dev_free(f, dev, rest);
+    }
+    D->used = D->used + got + kept - sum;
+    if (D->used > D->peak)
+        D->peak = D->used;
+    out->base = base;
+    out->size = got;
+    return 1;
+}
+
 static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
                    ferry__mem *out)
 {
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
-    if (use_pool && pool_take(f, dev, size, out))
+    int stitch = use_pool && D->budget && !D->no_stitch && ferry__cpu_is(D->d) &&
+                 size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
+    if (stitch)
+        size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
+    else if (use_pool && pool_take(f, dev, size, out))
         return 0;
     if (D->budget && size > D->budget) {
         /* never fits: fail before evicting anything */
@@ -178,12 +314,20 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
                            D->d->name, ferry__fmt_size(size, b1), ferry__fmt_size(D->budget, b2));
     }
     for (;;) {
-        if (!D->budget || (D->used <= D->budget && size <= D->budget - D->used))
-            break;
-        if (D->pooled) {
-            ferry__pool_trim(f, dev, size);
-            continue;
+        uint64_t room = !D->budget ? UINT64_MAX
+                        : D->used <= D->budget ? D->budget - D->used
+                                               : 0;
+        if (stitch && !D->no_stitch) {
+            int r = pool_stitch(f, dev, size, room, out);
+            if (r > 0)
+                return 0;
+            if (r < 0)
+                continue;
         }
+        if (size <= room)
+            break;
+        if (D->pooled && pool_trim(f, dev, size - room, stitch && !D->no_stitch))
+            continue;
         ferry_tensor *v = pick_victim(f, dev, min_dist);
         if (!v) {
             char b1[32], b2[32], b3[32];
@@ -193,7 +337,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
                                ferry__fmt_size(size, b2), ferry__fmt_size(D->used, b3));
         }
         evict(f, v);
-        if (use_pool && pool_take(f, dev, size, out))
+        if (!stitch && use_pool && pool_take(f, dev, size, out))
             return 0;
     }
     D->used += size;

@@ -7,6 +7,15 @@
  * Large blocks (the weights) are mapped with mmap and unmapped on free, never taken from the
  * malloc heap: freed heap memory stays in the process, so a budget of B bytes would not bound the
  * resident set. The device remembers the size of each mapped block (free gets only the pointer).
+ *
+ * Stitching (Linux). Fresh anonymous memory is slow to use the first time (the kernel zeroes and
+ * charges every page: 1.4-4 GB/s on these machines, as slow as the disk), so the core keeps freed
+ * blocks in a pool. A streamed model asks for other sizes than it frees, though; ferry__cpu_stitch
+ * makes one block of any size out of pooled blocks by moving their pages with mremap — page-table
+ * moves, no copy and no fault — into one fresh range, and cuts a block in two without any system
+ * call. A block may so span several kernel mappings (VMAs), and mremap moves only within one:
+ * each block records the offsets where one of its mappings may end ("cuts"), and its pages are
+ * moved one segment at a time.
  */
 #include "devices/devices.h"
 
@@ -16,18 +25,21 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/mman.h>
 
 #define CPU_ALIGN 4096
 /* Largest single allocation: what a pointer difference can hold; the OS refuses sooner. */
 #define CPU_MAX_ALLOC ((uint64_t)PTRDIFF_MAX - CPU_ALIGN)
 
-#define CPU_MMAP_MIN (UINT64_C(256) << 10) /* blocks this large are mapped */
+#define CPU_MMAP_MIN FERRY__CPU_MAP_MIN
 
 /* Mapped blocks: open addressing on the address, deletion by backward shift. */
 typedef struct cpu_block {
     uintptr_t addr; /* 0: empty slot */
-    uint64_t size;
+    uint64_t size;  /* a multiple of CPU_ALIGN */
+    uint64_t *cuts; /* ascending offsets in (0, size) where a mapping may end; NULL when none */
+    uint32_t ncuts;
 } cpu_block;
 
 typedef struct cpu_device {
@@ -43,10 +55,13 @@ static size_t slot_of(uintptr_t a, size_t cap)
     return (size_t)((a >> 12) * 0x9E3779B97F4A7C15ull) & (cap - 1);
 }
 
-static int blocks_put(cpu_device *c, uintptr_t a, uint64_t size)
+/* Makes room for EXTRA more entries, so that the next EXTRA puts cannot fail. */
+static int blocks_reserve(cpu_device *c, size_t extra)
 {
-    if ((c->n + 1) * 4 > c->cap * 3) {
+    if ((c->n + extra) * 4 > c->cap * 3) {
         size_t cap = c->cap ? c->cap * 2 : 64;
+        while ((c->n + extra) * 4 > cap * 3)
+            cap *= 2;
         cpu_block *nb = calloc(cap, sizeof *nb);
         if (!nb)
             return -1;
@@ -62,33 +77,46 @@ static int blocks_put(cpu_device *c, uintptr_t a, uint64_t size)
         c->blocks = nb;
         c->cap = cap;
     }
-    size_t j = slot_of(a, c->cap);
+    return 0;
+}
+
+static int blocks_put(cpu_device *c, cpu_block b)
+{
+    if (blocks_reserve(c, 1))
+        return -1;
+    size_t j = slot_of(b.addr, c->cap);
     while (c->blocks[j].addr)
         j = (j + 1) & (c->cap - 1);
-    c->blocks[j].addr = a;
-    c->blocks[j].size = size;
+    c->blocks[j] = b;
     c->n++;
     return 0;
 }
 
-/* Removes A; returns its size, or 0 when A is not a mapped block. */
-static uint64_t blocks_take(cpu_device *c, uintptr_t a)
+static size_t blocks_find(const cpu_device *c, uintptr_t a)
 {
     if (!c->cap)
-        return 0;
+        return SIZE_MAX;
     size_t mask = c->cap - 1, i = slot_of(a, c->cap);
     while (c->blocks[i].addr && c->blocks[i].addr != a)
         i = (i + 1) & mask;
-    if (!c->blocks[i].addr)
-        return 0;
-    uint64_t size = c->blocks[i].size;
+    return c->blocks[i].addr ? i : SIZE_MAX;
+}
+
+/* Removes A into *OUT; returns 0, or -1 when A is not a mapped block. */
+static int blocks_take(cpu_device *c, uintptr_t a, cpu_block *out)
+{
+    size_t i = blocks_find(c, a);
+    if (i == SIZE_MAX)
+        return -1;
+    size_t mask = c->cap - 1;
+    *out = c->blocks[i];
     for (size_t k = i;;) {
         c->blocks[i].addr = 0;
         for (;;) {
             k = (k + 1) & mask;
             if (!c->blocks[k].addr) {
                 c->n--;
-                return size;
+                return 0;
             }
             size_t home = slot_of(c->blocks[k].addr, c->cap);
             if (i <= k ? (home <= i || home > k) : (home <= i && home > k))
@@ -103,8 +131,10 @@ static void cpu_destroy(ferry_device *d)
 {
     cpu_device *c = (cpu_device *)d;
     for (size_t i = 0; i < c->cap; i++)
-        if (c->blocks[i].addr)
+        if (c->blocks[i].addr) {
             munmap((void *)c->blocks[i].addr, c->blocks[i].size);
+            free(c->blocks[i].cuts);
+        }
     free(c->blocks);
     pthread_mutex_destroy(&c->lock);
     free(d);
@@ -120,16 +150,17 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
                                   d->name, size, d->max_alloc);
     cpu_device *c = (cpu_device *)d;
     void *p = NULL;
-    if (size >= CPU_MMAP_MIN && size <= SIZE_MAX) {
-        p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (size >= CPU_MMAP_MIN && size <= SIZE_MAX - CPU_ALIGN) {
+        uint64_t len = (size + CPU_ALIGN - 1) & ~(uint64_t)(CPU_ALIGN - 1);
+        p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
             p = NULL;
         } else {
             pthread_mutex_lock(&c->lock);
-            int rc = blocks_put(c, (uintptr_t)p, size);
+            int rc = blocks_put(c, (cpu_block){.addr = (uintptr_t)p, .size = len});
             pthread_mutex_unlock(&c->lock);
             if (rc) {
-                munmap(p, (size_t)size);
+                munmap(p, (size_t)len);
                 p = NULL;
             }
         }
@@ -148,13 +179,16 @@ static void cpu_free(ferry_device *d, void *ptr)
     if (!ptr)
         return;
     cpu_device *c = (cpu_device *)d;
+    cpu_block b;
     pthread_mutex_lock(&c->lock);
-    uint64_t size = blocks_take(c, (uintptr_t)ptr);
+    int mapped = blocks_take(c, (uintptr_t)ptr, &b) == 0;
     pthread_mutex_unlock(&c->lock);
-    if (size)
-        munmap(ptr, (size_t)size);
-    else
+    if (mapped) {
+        munmap(ptr, (size_t)b.size);
+        free(b.cuts);
+    } else {
         ferry__host_free(ptr);
+    }
 }
 
 static int cpu_copy(ferry_device *d, void *dst, const void *src, uint64_t n, uint64_t *ticket,
@@ -245,4 +279,197 @@ int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errl
     atomic_init(&c->last_ticket, 0);
     *out = &c->base;
     return 0;
+}
+
+/* ---- stitching -------------------------------------------------------------------------------- */
+
+/* A rest smaller than this is not cut off a block: it stays with it (a pool of slivers would cost
+ * one mremap each to reuse). */
+#define CPU_MIN_REST (UINT64_C(64) << 10)
+
+int ferry__cpu_is(const ferry_device *d)
+{
+    return d && d->ops == &cpu_ops;
+}
+
+int ferry__cpu_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments)
+{
+    if (!ferry__cpu_is(d) || !p)
+        return 0;
+    cpu_device *c = (cpu_device *)d;
+    pthread_mutex_lock(&c->lock);
+    size_t i = blocks_find(c, (uintptr_t)p);
+    if (i != SIZE_MAX) {
+        if (size)
+            *size = c->blocks[i].size;
+        if (segments)
+            *segments = c->blocks[i].ncuts + 1;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return i != SIZE_MAX;
+}
+
+/* Bytes [FROM, TO) of B as a block of their own at B.addr + FROM, its cuts shifted. */
+static int carve(const cpu_block *b, uint64_t from, uint64_t to, cpu_block *out)
+{
+    *out = (cpu_block){.addr = b->addr + from, .size = to - from};
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < b->ncuts; i++)
+        k += b->cuts[i] > from && b->cuts[i] < to;
+    if (!k)
+        return 0;
+    if (!(out->cuts = malloc(k * sizeof *out->cuts)))
+        return -1;
+    for (uint32_t i = 0; i < b->ncuts; i++)
+        if (b->cuts[i] > from && b->cuts[i] < to)
+            out->cuts[out->ncuts++] = b->cuts[i] - from;
+    return 0;
+}
+
+#ifdef __linux__
+/* Moves bytes [0, LEN) of B to DST, one segment (one mapping at most) per mremap. */
+static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst)
+{
+    uint64_t start = 0;
+    for (uint32_t i = 0; start < len; i++) {
+        uint64_t end = i < b->ncuts ? b->cuts[i] : b->size;
+        if (end > len)
+            end = len;
+        if (mremap((void *)(b->addr + start), (size_t)(end - start), (size_t)(end - start),
+                   MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(dst + start)) == MAP_FAILED)
+            return -1;
+        start = end;
+    }
+    return 0;
+}
+#endif
+
+int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
+                      uint64_t *out_size, void **rest, uint64_t *rest_size)
+{
+    *out = *rest = NULL;
+    *out_size = *rest_size = 0;
+    if (!ferry__cpu_is(d) || !n || n > 64 || !need || need > SIZE_MAX - CPU_ALIGN)
+        return FERRY_EINVAL;
+    need = (need + CPU_ALIGN - 1) & ~(uint64_t)(CPU_ALIGN - 1);
+    cpu_device *c = (cpu_device *)d;
+    cpu_block b[64];
+    uint64_t sum = 0;
+    pthread_mutex_lock(&c->lock);
+    /* Every part must be a mapped block, and only the last may reach past NEED. */
+    for (size_t i = 0; i < n; i++) {
+        size_t k = blocks_find(c, (uintptr_t)parts[i]);
+        if (k == SIZE_MAX || (i && sum >= need)) {
+            pthread_mutex_unlock(&c->lock);
+            return FERRY_EINVAL;
+        }
+        b[i] = c->blocks[k];
+        sum += b[i].size;
+    }
+    if (sum >= need && blocks_reserve(c, 2)) {
+        pthread_mutex_unlock(&c->lock);
+        return FERRY_ENOMEM;
+    }
+    int rc = 0;
+    cpu_block whole = {0}, tail = {0};
+    if (n == 1 && b[0].size >= need) {
+        /* a cut in two: no system call, the pages stay where they are */
+        if (b[0].size - need < CPU_MIN_REST) {
+            pthread_mutex_unlock(&c->lock);
+            *out = parts[0];
+            *out_size = b[0].size;
+            return 0;
+        }
+        if (carve(&b[0], 0, need, &whole) || carve(&b[0], need, b[0].size, &tail)) {
+            free(whole.cuts);
+            pthread_mutex_unlock(&c->lock);
+            return FERRY_ENOMEM;
+        }
+        cpu_block gone;
+        blocks_take(c, b[0].addr, &gone);
+        free(gone.cuts);
+        blocks_put(c, whole); /* room reserved above */
+        blocks_put(c, tail);
+        pthread_mutex_unlock(&c->lock);
+        *out = (void *)whole.addr;
+        *out_size = whole.size;
+        *rest = (void *)tail.addr;
+        *rest_size = tail.size;
+        return 0;
+    }
+#ifdef __linux__
+    /* Cuts of the new block: each part's start and inner cuts, and where fresh pages begin. */
+    uint32_t ncuts = 0;
+    for (size_t i = 0; i < n; i++)
+        ncuts += 1 + b[i].ncuts;
+    whole.cuts = malloc(ncuts * sizeof *whole.cuts);
+    void *reg = whole.cuts ? mmap(NULL, (size_t)need, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                           : MAP_FAILED;
+    if (reg == MAP_FAILED || blocks_reserve(c, 2)) {
+        if (reg != MAP_FAILED)
+            munmap(reg, (size_t)need);
+        free(whole.cuts);
+        pthread_mutex_unlock(&c->lock);
+        return FERRY_ENOMEM; /* nothing moved: the parts are as they were */
+    }
+    whole.addr = (uintptr_t)reg;
+    whole.size = need;
+    uint64_t off = 0;
+    size_t moved = 0;
+    for (; moved < n; moved++) {
+        uint64_t len = b[moved].size < need - off ? b[moved].size : need - off;
+        if (off)
+            whole.cuts[whole.ncuts++] = off;
+        for (uint32_t k = 0; k < b[moved].ncuts && b[moved].cuts[k] < len; k++)
+            whole.cuts[whole.ncuts++] = off + b[moved].cuts[k];
+        if (len < b[moved].size && carve(&b[moved], len, b[moved].size, &tail)) {
+            rc = FERRY_ENOMEM;
+            break;
+        }
+        if (move_front(&b[moved], len, whole.addr + off)) {
+            free(tail.cuts);
+            tail = (cpu_block){0};
+            rc = errno == ENOMEM ? FERRY_ENOMEM : FERRY_EIO;
+            break;
+        }
+        off += len;
+    }
+    if (!rc && off < need)
+        whole.cuts[whole.ncuts++] = off;
+    /* The parts leave the table: moved, or (on failure) unmapped with the new range. */
+    for (size_t i = 0; i < n; i++) {
+        cpu_block gone;
+        blocks_take(c, b[i].addr, &gone);
+        if (rc)
+            munmap((void *)gone.addr, (size_t)gone.size);
+        free(gone.cuts);
+    }
+    if (rc) {
+        munmap(reg, (size_t)need);
+        free(whole.cuts);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    if (!whole.ncuts) {
+        free(whole.cuts);
+        whole.cuts = NULL;
+    }
+    blocks_put(c, whole);
+    if (tail.addr)
+        blocks_put(c, tail);
+    pthread_mutex_unlock(&c->lock);
+    *out = reg;
+    *out_size = need;
+    if (tail.addr) {
+        *rest = (void *)tail.addr;
+        *rest_size = tail.size;
+    }
+    return 0;
+#else
+    (void)rc;
+    (void)tail;
+    pthread_mutex_unlock(&c->lock);
+    return FERRY_EUNSUPPORTED;
+#endif
 }

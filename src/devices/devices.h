@@ -39,6 +39,30 @@ void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char
  * FERRY_E code and write the reason into ERR (ERRLEN bytes). */
 int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errlen);
 
+/* ---- the cpu device's page reuse (cpu.c) ------------------------------------------------------ */
+
+#define FERRY__CPU_MAP_MIN (UINT64_C(256) << 10) /* cpu blocks this large are mapped */
+
+/* 1 when D is the built-in cpu device. */
+int ferry__cpu_is(const ferry_device *d);
+/* 1 when P is a mapped block of the cpu device D (blocks of 256 KiB and more are mapped; smaller
+ * ones come from the heap and cannot be stitched); then *SIZE is its size (a multiple of 4 KiB)
+ * and *SEGMENTS the number of kernel mappings it may span. 0 otherwise, or when D is not cpu. */
+int ferry__cpu_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments);
+/* Makes one block of NEED bytes (rounded up to 4 KiB) out of the mapped blocks PARTS[0..N) of the
+ * cpu device D (N <= 64), without copying or faulting their pages: their pages first, in order,
+ * then fresh pages when they hold fewer than NEED bytes. Only the last part may reach past NEED;
+ * what it holds beyond stays a block of its own, returned in *REST, *REST_SIZE (NULL, 0 if none).
+ * One part of at least NEED bytes is only cut in two, with no system call — and not cut when the
+ * rest would be under 64 KiB: then *OUT_SIZE is the part's whole size. On success *OUT, *OUT_SIZE
+ * hold the new block (freed with D's free like any other) and the parts are gone; returns 0.
+ * FERRY_EINVAL when a part is not a mapped block of D or the parts reach past NEED before the last:
+ * nothing is touched. FERRY_ENOMEM / FERRY_EIO when the kernel refuses a move (too many
+ * mappings): then every part has been unmapped, its bytes returned to the system.
+ * FERRY_EUNSUPPORTED off Linux (no mremap), parts untouched. */
+int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
+                      uint64_t *out_size, void **rest, uint64_t *rest_size);
+
 /* The sim device's configuration, parsed from "sim[:CAPACITY[@RATE]][,key=value...]". */
 typedef struct ferry__sim_config {
     uint64_t capacity;      /* bytes; > 0 */

@@ -1,0 +1,398 @@
+/*
+ * test_hostpool.c — the cpu device's page stitching (ferry__cpu_stitch) and the host pool built on
+ * it: contents move with their pages, fresh pages read zero, rests stay blocks of their own,
+ * refusals touch nothing, no mapping leaks; and a model streamed through a host budget faults in
+ * no fresh pages once the budget's worth has been touched.
+ *
+ * The property test tags every page with a number at its first byte and keeps a model of which
+ * tags each block should hold, page by page, through a few hundred random cuts and joins.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "check.h"
+#include "core/core.h"
+#include "devices/devices.h"
+#include "model_fixture.h"
+
+#define PAGE 4096u
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+/* 1 when no page of [P, P+LEN) is mapped. */
+static int unmapped(const void *p, uint64_t len)
+{
+    unsigned char v;
+    for (uint64_t off = 0; off < len; off += PAGE)
+        if (mincore((void *)((uintptr_t)p + off), PAGE, &v) == 0 || errno != ENOMEM)
+            return 0;
+    return 1;
+}
+
+static size_t count_mappings(void)
+{
+    FILE *fp = fopen("/proc/self/maps", "r");
+    if (!fp)
+        return 0;
+    size_t n = 0;
+    int ch;
+    while ((ch = fgetc(fp)) != EOF)
+        n += ch == '\n';
+    fclose(fp);
+    return n;
+}
+
+/* ---- the model of the property test ---------------------------------------------------------- */
+
+typedef struct blk {
+    unsigned char *p;
+    uint64_t pages;
+    uint64_t *tags; /* tag of each page; 0: fresh, must read zero */
+} blk;
+
+static uint64_t g_next_tag = 1;
+static uint64_t rng_state = 0x1234567;
+
+static uint64_t rnd(uint64_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state % n;
+}
+
+static void tag_fresh(blk *b)
+{
+    for (uint64_t i = 0; i < b->pages; i++)
+        if (!b->tags[i]) {
+            b->tags[i] = g_next_tag++;
+            memcpy(b->p + i * PAGE, &b->tags[i], sizeof b->tags[i]);
+        }
+}
+
+static int holds(const blk *b)
+{
+    for (uint64_t i = 0; i < b->pages; i++) {
+        uint64_t t;
+        memcpy(&t, b->p + i * PAGE, sizeof t);
+        if (t != b->tags[i]) {
+            fprintf(stderr, "block %p page %llu: tag %llu, expected %llu\n", (void *)b->p,
+                    (unsigned long long)i, (unsigned long long)t, (unsigned long long)b->tags[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void test_stitch_basics(void)
+{
+    ferry_device *d = NULL;
+    char err[256];
+    CHECK_EQ_INT(ferry_device_open("cpu", &d, err, sizeof err), 0);
+    CHECK(ferry__cpu_is(d));
+    size_t maps0 = count_mappings();
+
+    void *a, *b, *c;
+    CHECK_EQ_INT(d->ops->alloc(d, 1 << 20, &a), 0);
+    CHECK_EQ_INT(d->ops->alloc(d, 3 << 20, &b), 0);
+    CHECK_EQ_INT(d->ops->alloc(d, (2 << 20) + 8192, &c), 0);
+    memset(a, 0xA1, 1 << 20);
+    memset(b, 0xB2, 3 << 20);
+    memset(c, 0xC3, (2 << 20) + 8192);
+    uint64_t size;
+    uint32_t segs;
+    CHECK(ferry__cpu_block(d, a, &size, &segs) && size == 1 << 20 && segs == 1);
+
+    /* a small heap block is not stitchable, and is refused untouched */
+    void *small;
+    CHECK_EQ_INT(d->ops->alloc(d, 4096, &small), 0);
+    CHECK(!ferry__cpu_block(d, small, NULL, NULL));
+    void *out, *rest;
+    uint64_t got, rest_size;
+    void *bad[] = {a, small};
+    CHECK_EQ_INT(ferry__cpu_stitch(d, bad, 2, 8 << 20, &out, &got, &rest, &rest_size),
+                 FERRY_EINVAL);
+    /* parts that reach past NEED before the last: refused, untouched */
+    void *over[] = {b, a};
+    CHECK_EQ_INT(ferry__cpu_stitch(d, over, 2, 2 << 20, &out, &got, &rest, &rest_size),
+                 FERRY_EINVAL);
+    CHECK(((unsigned char *)a)[12345] == 0xA1 && ((unsigned char *)b)[3 << 19] == 0xB2);
+    d->ops->free(d, small);
+
+    /* join a + b + 1 MiB fresh */
+    void *ab[] = {a, b};
+    CHECK_EQ_INT(ferry__cpu_stitch(d, ab, 2, 5 << 20, &out, &got, &rest, &rest_size), 0);
+    CHECK(got == 5 << 20 && rest == NULL && rest_size == 0);
+    unsigned char *o = out;
+    int ok = 1;
+    for (uint64_t i = 0; i < (5u << 20); i += 511)
+        ok &= o[i] == (i < (1u << 20) ? 0xA1 : i < (4u << 20) ? 0xB2 : 0);
+    CHECK(ok);
+    CHECK(!ferry__cpu_block(d, a, NULL, NULL) && !ferry__cpu_block(d, b, NULL, NULL));
+    CHECK(unmapped(a, 1 << 20) && unmapped(b, 3 << 20)); /* moved, not copied */
+    CHECK(ferry__cpu_block(d, out, &size, &segs) && size == 5 << 20 && segs >= 2);
+
+    /* cut c: 1 MiB stays at c, the rest is a block of its own */
+    void *one[] = {c};
+    CHECK_EQ_INT(ferry__cpu_stitch(d, one, 1, 1 << 20, &a, &got, &rest, &rest_size), 0);
+    CHECK(a == c && got == 1 << 20 && rest == (unsigned char *)c + (1 << 20) &&
+          rest_size == (1 << 20) + 8192);
+    CHECK(((unsigned char *)rest)[rest_size - 1] == 0xC3);
+    /* a rest under 64 KiB is not cut off: the whole block is handed out */
+    void *r1[] = {rest};
+    CHECK_EQ_INT(ferry__cpu_stitch(d, r1, 1, (1 << 20) - 4096, &b, &got, &c, &size), 0);
+    CHECK(b == rest && got == (1 << 20) + 8192 && c == NULL && size == 0);
+
+    /* join a multi-mapping block with two others, the last one cut */
+    void *three[] = {out, a, b};
+    uint64_t need = (13u << 20) / 2; /* 6.5 MiB: half a MiB of the last */
+    CHECK_EQ_INT(ferry__cpu_stitch(d, three, 3, need, &c, &got, &rest, &rest_size), 0);
+    CHECK(got == need && rest == (unsigned char *)b + (1 << 19) &&
+          rest_size == (1 << 20) + 8192 - (1 << 19));
+    o = c;
+    ok = 1;
+    for (uint64_t i = 0; i < need; i += 509)
+        ok &= o[i] == (i < (1u << 20) ? 0xA1 : i < (4u << 20) ? 0xB2 : i < (5u << 20) ? 0 : 0xC3);
+    CHECK(ok);
+    CHECK(((unsigned char *)rest)[0] == 0xC3);
+    d->ops->free(d, c);
+    d->ops->free(d, rest);
+    if (!SANITIZED) /* the sanitizers map memory of their own meanwhile */
+        CHECK_EQ_INT((int)count_mappings(), (int)maps0);
+    d->ops->destroy(d);
+}
+
+static void test_stitch_property(void)
+{
+    ferry_device *d = NULL;
+    char err[256];
+    CHECK_EQ_INT(ferry_device_open("cpu", &d, err, sizeof err), 0);
+    size_t maps0 = count_mappings();
+    enum { MAXB = 40 };
+    blk bs[MAXB];
+    size_t nb = 0;
+    int ok = 1, steps = 0;
+    for (; steps < 400 && ok; steps++) {
+        int op = (int)rnd(3);
+        if (nb < 3 || (op == 0 && nb < MAXB)) {
+            /* a fresh block of 64..1024 pages */
+            blk b = {.pages = 64 + rnd(960)};
+            void *p;
+            if (d->ops->alloc(d, b.pages * PAGE, &p)) {
+                ok = 0;
+                break;
+            }
+            b.p = p;
+            b.tags = calloc(b.pages, sizeof *b.tags);
+            ok &= holds(&b); /* fresh pages read zero */
+            tag_fresh(&b);
+            bs[nb++] = b;
+        } else if (op == 1) {
+            /* cut one block */
+            size_t i = rnd(nb);
+            uint64_t need = 1 + rnd(bs[i].pages);
+            void *parts[] = {bs[i].p}, *out, *rest;
+            uint64_t got, rest_size;
+            if (ferry__cpu_stitch(d, parts, 1, need * PAGE, &out, &got, &rest, &rest_size)) {
+                ok = 0;
+                break;
+            }
+            ok &= out == bs[i].p;
+            if (rest) {
+                ok &= got == need * PAGE && rest_size == (bs[i].pages - need) * PAGE;
+                ok &= rest == bs[i].p + need * PAGE;
+                if (nb < MAXB) {
+                    blk r = {.p = rest, .pages = bs[i].pages - need};
+                    r.tags = malloc(r.pages * sizeof *r.tags);
+                    memcpy(r.tags, bs[i].tags + need, r.pages * sizeof *r.tags);
+                    bs[nb++] = r;
+                } else {
+                    d->ops->free(d, rest);
+                }
+                bs[i].pages = need;
+            } else {
+                ok &= got == bs[i].pages * PAGE;
+            }
+        } else {
+            /* join 2..4 blocks, the last maybe cut, maybe fresh pages after */
+            size_t k = 2 + rnd(3);
+            if (k > nb)
+                k = nb;
+            size_t idx[4];
+            for (size_t j = 0; j < k; j++) {
+                for (;;) {
+                    idx[j] = rnd(nb);
+                    int dup = 0;
+                    for (size_t m = 0; m < j; m++)
+                        dup |= idx[m] == idx[j];
+                    if (!dup)
+                        break;
+                }
+            }
+            uint64_t before = 0;
+            for (size_t j = 0; j + 1 < k; j++)
+                before += bs[idx[j]].pages;
+            uint64_t last = bs[idx[k - 1]].pages;
+            uint64_t need = before + 1 + rnd(last + 200);
+            void *parts[4], *out, *rest;
+            uint64_t got, rest_size;
+            for (size_t j = 0; j < k; j++)
+                parts[j] = bs[idx[j]].p;
+            int rc = ferry__cpu_stitch(d, parts, k, need * PAGE, &out, &got, &rest, &rest_size);
+            if (rc) {
+                fprintf(stderr, "stitch of %zu parts, %llu pages: %d\n", k,
+                        (unsigned long long)need, rc);
+                ok = 0;
+                break;
+            }
+            ok &= got == need * PAGE;
+            blk nbk = {.p = out, .pages = need, .tags = calloc(need, sizeof(uint64_t))};
+            uint64_t off = 0;
+            for (size_t j = 0; j < k; j++) {
+                blk *s = &bs[idx[j]];
+                uint64_t take = s->pages < need - off ? s->pages : need - off;
+                memcpy(nbk.tags + off, s->tags, take * sizeof *s->tags);
+                if (j == k - 1 && take < s->pages) {
+                    ok &= rest == s->p + take * PAGE && rest_size == (s->pages - take) * PAGE;
+                    memmove(s->tags, s->tags + take, (s->pages - take) * sizeof *s->tags);
+                    s->p = rest;
+                    s->pages -= take;
+                    s->tags[0] = s->tags[0]; /* the rest stays in slot idx[k-1] */
+                    idx[k - 1] = SIZE_MAX;   /* not removed below */
+                } else if (j == k - 1) {
+                    ok &= rest == NULL;
+                }
+                off += take;
+            }
+            ok &= holds(&nbk); /* moved pages keep their tags; fresh ones read zero */
+            tag_fresh(&nbk);
+            /* remove the consumed blocks (highest slot first) */
+            for (size_t j = 0; j < k; j++)
+                for (size_t m = j + 1; m < k; m++)
+                    if (idx[m] != SIZE_MAX && (idx[j] == SIZE_MAX || idx[m] > idx[j])) {
+                        size_t x = idx[j];
+                        idx[j] = idx[m];
+                        idx[m] = x;
+                    }
+            for (size_t j = 0; j < k; j++)
+                if (idx[j] != SIZE_MAX) {
+                    free(bs[idx[j]].tags);
+                    bs[idx[j]] = bs[--nb];
+                }
+            bs[nb++] = nbk;
+        }
+        for (size_t i = 0; i < nb; i++)
+            ok &= holds(&bs[i]);
+    }
+    CHECK(ok);
+    CHECK_EQ_INT(steps, 400);
+    for (size_t i = 0; i < nb; i++) {
+        d->ops->free(d, bs[i].p);
+        free(bs[i].tags);
+    }
+    if (!SANITIZED) /* the sanitizers map memory of their own meanwhile */
+        CHECK_EQ_INT((int)count_mappings(), (int)maps0);
+    d->ops->destroy(d);
+}
+
+/* ---- the pool under a streamed model ---------------------------------------------------------- */
+
+static char g_model[1200];
+
+static int same_as_file(const ferry_tensor *t)
+{
+    ferry_tensor_info info;
+    ferry_tensor_get_info(t, &info);
+    void *ref = fixture_pread(g_model, info.offset, info.nbytes);
+    int ok = ref && ferry_tensor_data(t) && memcmp(ref, ferry_tensor_data(t), info.nbytes) == 0;
+    free(ref);
+    return ok;
+}
+
+static long minor_faults(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+static void test_stream_reuses_pages(void)
+{
+    /* home disk, host budget of 40% of the model, tensors of many sizes (none the same as the
+     * one evicted for it): after the first passes every buffer is made of pages touched before */
+    ferry *f = ferry_create(NULL);
+    CHECK_EQ_INT(ferry_open(f, g_model, NULL), 0);
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    size_t n;
+    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
+    uint64_t budget = model * 2 / 5;
+    CHECK_EQ_INT(ferry_set_budget(f, 0, budget), 0);
+    if (getenv("HOSTPOOL_NO_STITCH")) /* to see what the test measures without stitching */
+        f->devs[0].no_stitch = 1;
+    long faults[6] = {0};
+    uint64_t bytes[6] = {0};
+    int ok = 1;
+    for (int pass = 0; pass < 6; pass++) {
+        ferry_stats st0, st1;
+        ferry_get_stats(f, &st0);
+        long f0 = minor_faults();
+        for (size_t i = 0; i < n; i++) {
+            ok &= ferry_prepare(f, &ts[i], 1) == 0;
+            if (pass == 1 || pass == 5) /* compared outside the counted passes */
+                ok &= same_as_file(ts[i]);
+            ferry_release(f, &ts[i], 1);
+        }
+        faults[pass] = minor_faults() - f0;
+        ferry_get_stats(f, &st1);
+        bytes[pass] = st1.bytes_read - st0.bytes_read;
+        CHECK(st1.peak_bytes[0] <= budget);
+    }
+    CHECK(ok);
+    long pages = (long)((bytes[3] + bytes[4]) / PAGE);
+    fprintf(stderr, "stream, budget %llu of %llu: faults per pass %ld %ld %ld %ld %ld; %ld pages "
+                    "read in passes 4-5\n",
+            (unsigned long long)budget, (unsigned long long)model, faults[0], faults[1], faults[2],
+            faults[3], faults[4], pages);
+    CHECK(pages > 1000);
+    if (!SANITIZED)
+        CHECK(faults[3] + faults[4] < pages / 20);
+    /* the pool never holds the host over its budget, and gives everything back at release */
+    ferry_release_all(f);
+    CHECK(f->devs[0].used <= budget);
+    CHECK_EQ_INT(ferry_set_budget(f, 0, 1), 0);
+    CHECK(f->devs[0].pooled == 0);
+    free(ts);
+    ferry_destroy(f);
+}
+
+int main(void)
+{
+    const char *dir = check_tmpdir("hostpool");
+    fixture_tensor ts[64];
+    /* f32, dim 256, ff 704: blocks of 256 KiB .. 2 MiB, each size different from its neighbours */
+    size_t n = fixture_layout(ts, 6, 256, 704, 2000, FERRY_DTYPE_F32, 0);
+    snprintf(g_model, sizeof g_model, "%s/m.gguf", dir);
+    if (fixture_write(g_model, FERRY_FORMAT_GGUF, ts, n)) {
+        fprintf(stderr, "cannot write the model\n");
+        return 1;
+    }
+    test_stitch_basics();
+    test_stitch_property();
+    test_stream_reuses_pages();
+    return check_finish();
+}
