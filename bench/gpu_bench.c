@@ -70,6 +70,8 @@ static double h2d_bandwidth(const char *spec)
             best = gbps;
     }
 out:
+    /* nothing in flight on the buffers freed below, also after a failed copy or wait */
+    d->ops->synchronize(d);
     if (dev)
         d->ops->free(d, dev);
     for (int s = 0; s < 2; s++)

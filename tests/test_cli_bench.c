@@ -3,7 +3,8 @@
  * shell) with --quick on a small model that `ferry gen` writes: the JSON report has every key a
  * script reads, each measurement is a positive number, the stream entries follow from their own
  * definitions (budgets of M/4 and M/2, optimal = M - B + W capped at M, efficiency = bound /
- * measured), --device adds a device stream, the table names every row, and
+ * measured), --device adds a device stream, --split a split one (its bound the slowest device's
+ * share through its link), the table names every row, and
  * bad arguments are usage errors. Performance itself is never asserted: the machine is shared.
  */
 #include <math.h>
@@ -147,9 +148,82 @@ static void test_device(const char *model_path)
     ferry__json_free(&doc);
 }
 
+/* --split: one device_stream entry "split" whose bound follows from its per-device figures. */
+static void test_split(const char *model_path, const char *spec, int with_cpu)
+{
+    CHECK_EQ_INT(run("bench --quick --json --split %s '%s'", spec, model_path), 0);
+    ferry__json doc;
+    ferry__err e;
+    ferry__err_clear(&e);
+    memset(&doc, 0, sizeof doc);
+    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
+    if (rc)
+        fprintf(stderr, "JSON does not parse: %s\n%s\n%s\n", e.msg, out_text, err_text);
+    CHECK_EQ_INT(rc, 0);
+    if (rc)
+        return;
+    uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
+    const ferry__json *ds = jget(&doc, "device_stream");
+    CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
+    const ferry__json *s = ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1 ? &ds->items[0]
+                                                                               : NULL;
+    const ferry__json *dev = jget(s, "device");
+    CHECK(dev && dev->type == FERRY__JSON_STRING && strcmp(dev->str, "split") == 0);
+    const ferry__json *sd = jget(s, "split_devices");
+    CHECK(sd && sd->type == FERRY__JSON_ARRAY && sd->n == 2);
+    if (!sd || sd->type != FERRY__JSON_ARRAY || sd->n != 2) {
+        ferry__json_free(&doc);
+        return;
+    }
+    uint64_t sum_b = 0, sum_opt = 0, share[2] = {0, 0};
+    double worst = 0;
+    for (size_t i = 0; i < 2; i++) {
+        const ferry__json *d = &sd->items[i];
+        uint64_t m = (uint64_t)jnum(jget(d, "share_bytes")), b = (uint64_t)jnum(jget(d, "budget_bytes"));
+        uint64_t w = (uint64_t)jnum(jget(d, "working_set_bytes"));
+        uint64_t opt = (uint64_t)jnum(jget(d, "optimal_bytes_per_pass"));
+        double bw = jnum(jget(d, "bandwidth_bytes_per_second"));
+        double tr = jnum(jget(d, "transfer_seconds_per_pass"));
+        share[i] = m;
+        if (with_cpu && i == 0) {
+            /* the cpu's rows are read in place: no budget, no transfer */
+            CHECK(bw == 0 && tr == 0 && opt == 0 && b == 0);
+            continue;
+        }
+        CHECK(m > 0 && w > 0 && w <= m && bw > 0);
+        /* B_i = M_i / 4, raised to W_i; optimal = M_i - B_i + W_i, at most M_i */
+        CHECK_EQ_INT(b, max_u64(m / 4, w));
+        uint64_t want = m - (b < m ? b : m) + w;
+        CHECK_EQ_INT(opt, want < m ? want : m);
+        CHECK(fabs(tr - (double)opt / bw) <= 1e-9 * tr);
+        worst = fmax(worst, tr);
+        sum_b += b;
+        sum_opt += opt;
+    }
+    /* the second device holds three quarters of every split tensor's rows */
+    if (!with_cpu)
+        CHECK(share[1] > share[0] * 5 / 2 && share[1] < share[0] * 7 / 2);
+    CHECK(share[0] + share[1] <= model + model / 50);
+    CHECK(share[0] + share[1] >= (with_cpu ? model * 2 / 5 : model));
+    CHECK_EQ_INT((uint64_t)jnum(jget(s, "budget_bytes")), sum_b);
+    CHECK_EQ_INT((uint64_t)jnum(jget(s, "optimal_bytes_per_pass")), sum_opt);
+    /* the slowest device's share through its own link */
+    double bound = jnum(jget(s, "bound_seconds_per_pass"));
+    CHECK(bound > 0 && fabs(bound - worst) <= 1e-9 * bound);
+    double eff = jnum(jget(s, "efficiency")), secs = jnum(jget(s, "seconds_per_pass"));
+    CHECK(secs > 0 && fabs(eff - bound / secs) <= 1e-9 * eff + 1e-12);
+    CHECK(jnum(jget(s, "bytes_read_per_pass")) > 0); /* bytes copied to the devices */
+    ferry__json_free(&doc);
+}
+
 static void test_table(const char *model_path)
 {
-    CHECK_EQ_INT(run("bench --quick '%s'", model_path), 0);
+    CHECK_EQ_INT(run("bench --quick --split sim:256MiB@2GB/s,sim:256MiB@4GB/s:3 '%s'",
+                     model_path), 0);
+    /* the split stream's rows and how its bound is defined */
+    CHECK(strstr(out_text, "streams: split over sim:256MiB@2GB/s (weight 1), sim:256MiB@4GB/s "
+                           "(weight 3)") != NULL);
+    CHECK(strstr(out_text, "max over its devices of (M_i - B_i + W_i) / BW_i") != NULL);
     static const char *rows[] = {"O_DIRECT read", "cold buffered read", "memcpy",
                                  "fresh memory",  "resident compute",   "cold, auto",
                                  "cold, direct",  "mmap page faults",   "mmap + populate",
@@ -173,6 +247,12 @@ static void test_usage(const char *model_path)
     CHECK_EQ_INT(run("bench --device sim:64MiB '%s'", model_path), 2);
     CHECK(strstr(err_text, "bandwidth") != NULL);
     CHECK_EQ_INT(run("bench '%s' '%s'", model_path, model_path), 2);
+    CHECK_EQ_INT(run("bench --split sim:64MiB@2GB/s '%s'", model_path), 2);
+    CHECK(strstr(err_text, "two devices") != NULL);
+    CHECK_EQ_INT(run("bench --split sim:64MiB@2GB/s,sim:64MiB:3 '%s'", model_path), 2);
+    CHECK(strstr(err_text, "'sim:64MiB' gives no bandwidth") != NULL);
+    CHECK_EQ_INT(run("bench --split sim:64MiB@2GB/s,sim:lots '%s'", model_path), 1);
+    CHECK(strstr(err_text, "sim:lots") != NULL);
     CHECK_EQ_INT(run("bench --help"), 0);
     CHECK(strstr(out_text, "usage: ferry bench") != NULL);
     CHECK_EQ_INT(run("bench --quick '%s/missing.gguf'", tmp), 1);
@@ -191,6 +271,8 @@ int main(void)
     if (rc == 0) {
         test_json(model_path);
         test_device(model_path);
+        test_split(model_path, "sim:256MiB@2GB/s,sim:256MiB@4GB/s:3", 0);
+        test_split(model_path, "cpu,sim:256MiB@4GB/s", 1);
         test_table(model_path);
         test_usage(model_path);
     }

@@ -864,11 +864,28 @@ static void bad_specs(void)
     ferry_device_close(NULL); /* a no-op */
 }
 
+/* cuda:0 when it opens (FERRY_TEST_EXPECT_CUDA=N: N devices must open — the run against the fake
+ * runtime, tests/fake_cudart.c — and each gets the suite). */
 static void cuda_absent_or_present(void)
 {
     ferry_device *d = NULL;
     char err[256] = "";
+    const char *expect = getenv("FERRY_TEST_EXPECT_CUDA");
+    int want = expect ? atoi(expect) : 0;
     int rc = ferry_device_open("cuda:0", &d, err, sizeof err);
+    if (rc && want)
+        fprintf(stderr, "FERRY_TEST_EXPECT_CUDA=%d but %s\n", want, err);
+    CHECK(rc == 0 || !want);
+    for (int k = 1; k < want && rc == 0; k++) {
+        char spec[32];
+        ferry_device *dk = NULL;
+        snprintf(spec, sizeof spec, "cuda:%d", k);
+        CHECK_EQ_INT(ferry_device_open(spec, &dk, err, sizeof err), 0);
+        if (dk) {
+            run_conformance(dk, spec);
+            ferry_device_close(dk);
+        }
+    }
     if (rc) {
         /* without the library or a GPU: a clean, plain refusal */
         CHECK_EQ_INT(rc, FERRY_EDEVICE);

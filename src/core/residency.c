@@ -36,6 +36,7 @@ typedef struct loader_ctx {
     float *f32;              /* a chunk as f32, for merges */
     uint64_t cap;            /* bytes each of stage/conv/f32 holds when allocated */
     ferry_device *pinned;    /* the device whose host_alloc made stage/conv, or NULL */
+    ferry_device *pin_failed; /* the device whose host_alloc failed in the last ctx_buffers */
     uint64_t ticket[2];
     int pending[2];
 } loader_ctx;
@@ -168,6 +169,7 @@ static int ctx_buffers(loader_ctx *lc, int need, uint64_t bytes, ferry_device *d
         if (!rc && (need & NEED_CONV))
             rc = ctx_alloc(lc->pinned, &lc->conv[i], lc->cap);
     }
+    lc->pin_failed = rc ? lc->pinned : NULL;
     if (!rc && (need & NEED_F32))
         rc = ctx_alloc(NULL, (unsigned char **)&lc->f32, lc->cap);
     return rc;
@@ -251,8 +253,13 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
                                  (!to_host && (converted || merging) ? NEED_CONV : 0) |
                                  (merging ? NEED_F32 : 0),
                          need, d);
-    if (rc)
-        return ferry__fail(e, rc, "tensor '%s': out of memory for staging buffers", t->info.name);
+    if (rc) {
+        char why[256] = "host memory";
+        if (lc->pin_failed)
+            ferry__device_errmsg(lc->pin_failed, why, sizeof why);
+        return ferry__fail(e, rc, "%s: tensor '%s': out of memory for staging buffers (%s)",
+                           d->name, t->info.name, why);
+    }
     int slot = 0;
     for (uint64_t el = 0; el < n && !rc; el += step, slot ^= 1) {
         uint64_t ce = FERRY__MIN(step, n - el);
@@ -878,6 +885,21 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
         double t1 = ferry__now();
         waited += t1 - t0;
         ferry__trace_add(f, "wait", "wait", t0, t1);
+    }
+    if (rc) {
+        /* The set's other loads still in flight settle before the failure is returned: one that
+         * failed later would otherwise replace this call's message after it returned (a data
+         * race with the caller reading ferry_errmsg). The message stays this failure's. */
+        ferry__err first = f->err;
+        for (int busy = 1; busy && !f->closing;) {
+            busy = 0;
+            for (size_t i = 0; i < n && !busy; i++)
+                busy = ts[i]->comp.state == FERRY__LOADING ||
+                       ts[i]->host.state == FERRY__LOADING || ts[i]->populating;
+            if (busy)
+                pthread_cond_wait(&f->cond, &f->lock);
+        }
+        f->err = first;
     }
     f->stats.wait_seconds += waited;
     if (seen != local)

@@ -5,8 +5,11 @@
  *
  * Each device has one non-blocking copy stream. A copy is cudaMemcpyAsync on that stream followed
  * by an event recorded after it; its ticket maps to that event, and wait synchronizes the event.
- * Events come from a per-device pool. Copies are issued under the device lock, so tickets grow in
- * stream order. The runtime's "current device" is per thread: every operation sets it first.
+ * Events come from a per-device pool. Copies are issued one at a time (the submit lock), so tickets
+ * grow in stream order. The runtime's "current device" is per thread: every operation sets it first.
+ * Pinned staging memory is portable and cached across devices (see "pinned host memory").
+ * Tested without a GPU against tests/fake_cudart.c (test_cuda_fake), which models the runtime's
+ * asynchrony and its device addresses that the host cannot read.
  *
  * The few declarations below restate the runtime's documented C ABI (cudaError_t is an int enum,
  * streams and events are opaque pointers).
@@ -21,7 +24,9 @@
 #include <string.h>
 
 typedef int cuda_err;               /* cudaError_t; 0 is cudaSuccess */
+#define CUDA_ERR_INVALID_VALUE 1     /* cudaErrorInvalidValue */
 #define CUDA_ERR_MEMORY_ALLOCATION 2 /* cudaErrorMemoryAllocation */
+#define CUDA_ERR_MEMCPY_DIRECTION 21 /* cudaErrorInvalidMemcpyDirection */
 #define CUDA_MEMCPY_H2D 1            /* cudaMemcpyHostToDevice */
 #define CUDA_MEMCPY_D2H 2            /* cudaMemcpyDeviceToHost */
 #define CUDA_STREAM_NON_BLOCKING 1u  /* cudaStreamNonBlocking */
@@ -59,11 +64,11 @@ static char rt_why[200];
 static const char *const lib_names[] = {"libcudart.so",    "libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so.11.0", "libcudart.so.11"};
 
-static int load_sym(void *lib, const char *name, void *fp, size_t size)
+static int load_sym(void *lib, const char *path, const char *name, void *fp, size_t size)
 {
     void *sym = dlsym(lib, name);
     if (!sym) {
-        snprintf(rt_why, sizeof rt_why, "%s lacks %s", "libcudart", name);
+        snprintf(rt_why, sizeof rt_why, "%s lacks %s", path, name);
         return -1;
     }
     memcpy(fp, &sym, size); /* object -> function pointer, as POSIX dlsym intends */
@@ -73,20 +78,29 @@ static int load_sym(void *lib, const char *name, void *fp, size_t size)
 static void rt_load(void)
 {
     void *lib = NULL;
+    const char *path = "libcudart";
     const char *env = getenv("FERRY_CUDART");
-    if (env && *env)
+    if (env && *env) {
+        /* Asked for by path: that library or none (a typo must not pick another runtime). */
         lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            const char *why = dlerror();
+            snprintf(rt_why, sizeof rt_why, "FERRY_CUDART=%s cannot be loaded (%s)", env,
+                     why ? why : "dlopen failed");
+            return;
+        }
+        path = env;
+    }
     for (size_t i = 0; !lib && i < FERRY__ARRAY_LEN(lib_names); i++)
         lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         snprintf(rt_why, sizeof rt_why,
-                 "libcudart.so not found (tried %s%slibcudart.so, .so.13, .so.12, .so.11; set "
-                 "FERRY_CUDART to its path)",
-                 env && *env ? env : "", env && *env ? ", " : "");
+                 "libcudart.so not found (tried libcudart.so, .so.13, .so.12, .so.11; set "
+                 "FERRY_CUDART to its path)");
         return;
     }
 #define LOAD(f) \
-    if (load_sym(lib, "cuda" #f, &rt.f, sizeof rt.f)) \
+    if (load_sym(lib, path, "cuda" #f, &rt.f, sizeof rt.f)) \
         return;
     LOAD(GetDeviceCount)
     LOAD(SetDevice)
@@ -125,6 +139,10 @@ typedef struct cuda_device {
     ferry_device base; /* first: a cuda_device * is a ferry_device * */
     int ordinal;
     void *stream;
+    /* Held while a copy and its event are put on the stream, so that tickets follow the stream's
+     * order. Not held by wait: cudaMemcpyAsync from pageable memory returns only once the
+     * runtime has staged the bytes, and a wait must not queue behind that. Order: submit, lock. */
+    pthread_mutex_t submit;
     pthread_mutex_t lock;
     /* --- guarded by lock --- */
     uint64_t last_ticket;
@@ -133,6 +151,8 @@ typedef struct cuda_device {
     void **events; /* idle events, ready to record */
     size_t nevents, cap_events;
 } cuda_device;
+
+static void pin_track_open(int delta);
 
 static cuda_err set_dev(cuda_device *c)
 {
@@ -152,7 +172,9 @@ static void cuda_destroy(ferry_device *d)
     free(c->pending);
     free(c->events);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->submit);
     free(c);
+    pin_track_open(-1);
 }
 
 static int cuda_alloc(ferry_device *d, uint64_t size, void **ptr)
@@ -203,13 +225,16 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
     if (e)
         return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaSetDevice: %s", d->name, cuda_str(e));
 
+    pthread_mutex_lock(&c->submit);
     pthread_mutex_lock(&c->lock);
-    /* Room first: after the copy is issued nothing may fail. */
+    /* Room first: after the copy is issued nothing may fail. Only copies (under submit) add
+     * pending entries, so the room stays until this one is added. */
     if (c->npending == c->cap_pending) {
         size_t cap = c->cap_pending ? c->cap_pending * 2 : 32;
         cuda_pending *np = realloc(c->pending, cap * sizeof *np);
         if (!np) {
             pthread_mutex_unlock(&c->lock);
+            pthread_mutex_unlock(&c->submit);
             return ferry__device_fail(d, FERRY_ENOMEM, "%s: %s: out of memory", d->name, what);
         }
         c->pending = np;
@@ -218,12 +243,15 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
     void *ev = NULL;
     if (c->nevents)
         ev = c->events[--c->nevents];
-    else
+    pthread_mutex_unlock(&c->lock);
+    if (!ev)
         e = rt.EventCreateWithFlags(&ev, CUDA_EVENT_DISABLE_TIMING);
     const char *call = "cudaEventCreateWithFlags";
+    int queued = 0;
     if (!e) {
         call = "cudaMemcpyAsync";
         e = rt.MemcpyAsync(dst, src, (size_t)n, kind, c->stream);
+        queued = !e;
     }
     if (!e) {
         call = "cudaEventRecord";
@@ -231,15 +259,31 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
     }
     if (e) {
         rt.GetLastError();
-        if (ev)
+        if (queued) {
+            /* The copy is on the stream with no event behind it: let it finish, so that a call
+             * that fails leaves nothing in flight on the caller's memory. */
+            rt.StreamSynchronize(c->stream);
+            rt.GetLastError();
+        }
+        pthread_mutex_lock(&c->lock);
+        if (ev && !queued && c->nevents < c->cap_events)
+            c->events[c->nevents++] = ev; /* never recorded: still good */
+        else if (ev)
             rt.EventDestroy(ev);
         pthread_mutex_unlock(&c->lock);
-        return ferry__device_fail(d, FERRY_EDEVICE, "%s: %s of %" PRIu64 " bytes: %s failed: %s",
+        pthread_mutex_unlock(&c->submit);
+        /* The runtime refuses pointers outside its allocations (or the wrong way round) with
+         * cudaErrorInvalidValue: a caller's mistake, as on the other devices. */
+        int code = queued || (e != CUDA_ERR_INVALID_VALUE && e != CUDA_ERR_MEMCPY_DIRECTION)
+                       ? FERRY_EDEVICE : FERRY_EINVAL;
+        return ferry__device_fail(d, code, "%s: %s of %" PRIu64 " bytes: %s failed: %s",
                                   d->name, what, n, call, cuda_str(e));
     }
+    pthread_mutex_lock(&c->lock);
     uint64_t t = ++c->last_ticket;
     c->pending[c->npending++] = (cuda_pending){t, ev};
     pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&c->submit);
     *ticket = t;
     return 0;
 }
@@ -335,6 +379,36 @@ static int cuda_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_
     return 0;
 }
 
+/* ---- pinned host memory ------------------------------------------------------------------------
+ * Allocated portable, so any CUDA device may copy from it. cudaHostAlloc and cudaFreeHost cost
+ * milliseconds for buffers of the size staging uses (pinning pages; cudaFreeHost synchronizes), and
+ * a loader that feeds several devices in turn (split placement) gives its staging buffers back and
+ * asks again at each switch: freed buffers go to a small process-wide cache, handed to the next
+ * host_alloc of any cuda device that they fit, and released when the last cuda device closes. */
+
+#define PIN_CACHE_MAX 16
+#define PIN_CACHE_BYTES (UINT64_C(256) << 20)
+
+typedef struct pin_buf {
+    void *p;
+    uint64_t size;
+} pin_buf;
+
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+/* --- guarded by pin_lock --- */
+static pin_buf *pin_live; /* every pinned buffer handed out, with its size */
+static size_t pin_nlive, pin_caplive;
+static pin_buf pin_cache[PIN_CACHE_MAX]; /* freed, kept for reuse */
+static size_t pin_ncache;
+static uint64_t pin_cache_bytes;
+static int cuda_open_count; /* cuda devices open; the cache is emptied when it drops to 0 */
+
+/* A cached buffer of SIZE serves a request of NEED when it is at most 1/8 (+8 KiB) larger. */
+static int pin_fits(uint64_t size, uint64_t need)
+{
+    return size >= need && size - need <= need / 8 + 8192;
+}
+
 static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
 {
     cuda_device *c = (cuda_device *)d;
@@ -342,15 +416,58 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
     if (size > SIZE_MAX)
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation of %" PRIu64
                                   " bytes is too large", d->name, size);
+    uint64_t need = size ? size : 1;
+    pthread_mutex_lock(&pin_lock);
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < pin_ncache; i++)
+        if (pin_fits(pin_cache[i].size, need) &&
+            (best == SIZE_MAX || pin_cache[i].size < pin_cache[best].size))
+            best = i;
+    int room = pin_nlive < pin_caplive;
+    if (!room) {
+        size_t cap = pin_caplive ? pin_caplive * 2 : 32;
+        pin_buf *nl = realloc(pin_live, cap * sizeof *nl);
+        if (nl) {
+            pin_live = nl;
+            pin_caplive = cap;
+            room = 1;
+        }
+    }
+    if (!room) {
+        pthread_mutex_unlock(&pin_lock);
+        return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation: out of memory",
+                                  d->name);
+    }
+    if (best != SIZE_MAX) {
+        pin_buf b = pin_cache[best];
+        pin_cache[best] = pin_cache[--pin_ncache];
+        pin_cache_bytes -= b.size;
+        pin_live[pin_nlive++] = b;
+        pthread_mutex_unlock(&pin_lock);
+        *ptr = b.p;
+        return 0;
+    }
+    pthread_mutex_unlock(&pin_lock);
     cuda_err e = set_dev(c);
     void *p = NULL;
     if (!e)
-        e = rt.HostAlloc(&p, (size_t)(size ? size : 1), CUDA_HOST_ALLOC_PORTABLE);
+        e = rt.HostAlloc(&p, (size_t)need, CUDA_HOST_ALLOC_PORTABLE);
     if (e) {
         rt.GetLastError();
         char a[32];
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: cudaHostAlloc of %s failed: %s", d->name,
                                   ferry__fmt_size(size, a), cuda_str(e));
+    }
+    pthread_mutex_lock(&pin_lock);
+    room = pin_nlive < pin_caplive; /* another thread may have filled the room found above */
+    if (room)
+        pin_live[pin_nlive++] = (pin_buf){p, need};
+    pthread_mutex_unlock(&pin_lock);
+    if (!room) {
+        if (rt.FreeHost(p))
+            rt.GetLastError();
+        return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation: out of memory",
+                                  d->name);
     }
     *ptr = p;
     return 0;
@@ -358,9 +475,49 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
 
 static void cuda_host_free(ferry_device *d, void *ptr)
 {
-    if (ptr && rt.FreeHost(ptr))
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&pin_lock);
+    size_t i = 0;
+    while (i < pin_nlive && pin_live[i].p != ptr)
+        i++;
+    int cached = 0;
+    if (i < pin_nlive) {
+        pin_buf b = pin_live[i];
+        pin_live[i] = pin_live[--pin_nlive];
+        if (cuda_open_count > 0 && pin_ncache < PIN_CACHE_MAX &&
+            pin_cache_bytes + b.size <= PIN_CACHE_BYTES) {
+            pin_cache[pin_ncache++] = b;
+            pin_cache_bytes += b.size;
+            cached = 1;
+        }
+    }
+    pthread_mutex_unlock(&pin_lock);
+    cuda_err e = cached ? 0 : rt.FreeHost(ptr);
+    if (e) {
         rt.GetLastError();
-    (void)d;
+        ferry__device_fail(d, FERRY_EINVAL, "%s: cudaFreeHost(%p) failed: %s", d->name, ptr,
+                           cuda_str(e));
+    }
+}
+
+/* Called with a device opened (+1) or closed (-1); the last close empties the cache. */
+static void pin_track_open(int delta)
+{
+    pin_buf drop[PIN_CACHE_MAX];
+    size_t ndrop = 0;
+    pthread_mutex_lock(&pin_lock);
+    cuda_open_count += delta;
+    if (cuda_open_count == 0) {
+        memcpy(drop, pin_cache, pin_ncache * sizeof *drop);
+        ndrop = pin_ncache;
+        pin_ncache = 0;
+        pin_cache_bytes = 0;
+    }
+    pthread_mutex_unlock(&pin_lock);
+    for (size_t i = 0; i < ndrop; i++)
+        if (rt.FreeHost(drop[i].p))
+            rt.GetLastError();
 }
 
 static const ferry_device_ops cuda_ops = {
@@ -419,8 +576,10 @@ int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *er
         free(c);
         FAIL(FERRY_EDEVICE, "%s unavailable: cudaStreamCreateWithFlags: %s", spec, cuda_str(e));
     }
+    pthread_mutex_init(&c->submit, NULL);
     pthread_mutex_init(&c->lock, NULL);
     ferry__device_init(&c->base, &cuda_ops, spec, "cuda", CUDA_ALIGN, (uint64_t)tot, 0);
+    pin_track_open(+1);
     *out = &c->base;
     return 0;
 #undef FAIL

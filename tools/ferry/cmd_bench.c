@@ -26,7 +26,12 @@
  * M the model's bytes, W the working set (the largest sum of two consecutive layers: the one in
  * use and the one prefetched). With --device sim:SIZE@BW the same runs with compute on that device
  * (home host, device budget M/4): bound = (M - B + W) / BW — ferry run computes nothing on a
- * device the host cannot read, so no compute time enters it.
+ * device the host cannot read, so no compute time enters it. With --split SPEC,SPEC[:WEIGHT] the
+ * model's 2-D tensors are split by rows over those devices (as `ferry run --split`), home host:
+ * device i holds a share M_i of the model (ferry_plan's placement), gets the budget B_i = M_i / 4
+ * and has a working set W_i (its part of the two largest consecutive layers); the devices copy in
+ * parallel, each over its own link, so bound = max over devices of (M_i - B_i + W_i) / BW_i, the
+ * slowest device's share through its link; the cpu's part is read in place (no transfer).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +45,7 @@
 #include "cli.h"
 #include "layers.h"
 #include "limits.h"
+#include "runopts.h"
 
 #define MAX_RUNS 32
 #define MAX_PASSES 100
@@ -60,8 +66,23 @@ enum {
 };
 
 
+/* One device of a split stream (--split). */
+typedef struct split_dev {
+    char name[64];        /* its spec ("cpu" for the host) */
+    int id;               /* in the manager, as runopts_split adds them */
+    double weight;        /* as given (equal shares: 1) */
+    uint64_t share;       /* M_i: bytes staged on it (0 on the cpu: read in place) */
+    uint64_t budget;      /* B_i = M_i / 4, raised to W_i */
+    int raised;
+    uint64_t working_set; /* W_i: its bytes of the two largest consecutive layers */
+    uint64_t optimal;     /* min(M_i, M_i - B_i + W_i) */
+    double bw;            /* bytes per second of its link (0 on the cpu) */
+    double transfer_s;    /* optimal / bw */
+} split_dev;
+
 typedef struct stream_res {
-    const char *device;   /* NULL: cpu */
+    const char *device;   /* NULL: cpu; "split" for the split stream */
+    int split;            /* over b->split_devs */
     uint64_t budget;
     int raised;           /* the budget was raised to the working set */
     int computes;
@@ -108,7 +129,10 @@ typedef struct bench {
     uint64_t done;
     const char *device;        /* --device spec or NULL */
     double device_bw;          /* bytes per second of --device */
-    stream_res streams[3];
+    const char *split;         /* --split value or NULL */
+    split_dev split_devs[FERRY_MAX_SPLIT];
+    int n_split;
+    stream_res streams[4];
     size_t n_streams;
 } bench;
 
@@ -477,14 +501,22 @@ out:
     return rc;
 }
 
-/* Streamed passes under BUDGET: on the cpu (home disk, host budget) or on DEVICE (home host,
- * device budget). */
-static int run_stream(bench *b, uint64_t budget, const char *device, stream_res *r)
+/* Streamed passes under BUDGET: on the cpu (home disk, host budget), on DEVICE (home host,
+ * device budget), or split over b->split_devs (home host, each its budget B_i) when SPLIT. */
+static int run_stream(bench *b, uint64_t budget, const char *device, int split, stream_res *r)
 {
     memset(r, 0, sizeof *r);
-    r->device = device;
+    r->device = split ? "split" : device;
+    r->split = split;
     r->passes = b->passes;
-    if (budget < b->working_set) {
+    if (split) {
+        budget = 0;
+        for (int i = 0; i < b->n_split; i++) {
+            budget += b->split_devs[i].budget;
+            r->raised |= b->split_devs[i].raised;
+        }
+        device = r->device;
+    } else if (budget < b->working_set) {
         budget = b->working_set; /* the least budget a layer-by-layer pass can run in */
         r->raised = 1;
     }
@@ -503,13 +535,23 @@ static int run_stream(bench *b, uint64_t budget, const char *device, stream_res 
     layer_set *sets = NULL;
     size_t nsets = 0;
     int rc = 0, dev = 0;
-    if (device && (ferry_add_device(f, device, &dev) || ferry_set_budget(f, dev, budget))) {
+    if (split) {
+        if ((rc = runopts_split(b->split, f, &pol)))
+            goto out;
+        for (int i = 0; i < b->n_split && !rc; i++)
+            if (b->split_devs[i].id && b->split_devs[i].budget &&
+                ferry_set_budget(f, b->split_devs[i].id, b->split_devs[i].budget))
+                rc = cli_error("%s", ferry_errmsg(f));
+        if (rc)
+            goto out;
+        dev = pol.compute_device;
+    } else if (device && (ferry_add_device(f, device, &dev) || ferry_set_budget(f, dev, budget))) {
         rc = cli_error("%s", ferry_errmsg(f));
         goto out;
     }
     pol.compute_device = dev;
     ferry_device_info di;
-    r->computes = ferry_get_device_info(f, dev, &di) == 0 && di.host_accessible;
+    r->computes = !split && ferry_get_device_info(f, dev, &di) == 0 && di.host_accessible;
     if (ferry_open(f, b->path, NULL)) {
         rc = cli_fail(b->path, ferry_errmsg(f), -1);
         goto out;
@@ -563,6 +605,20 @@ static void judge_stream(bench *b, stream_res *r)
 {
     r->seconds_med = median(r->seconds + 1, r->passes - 1);
     r->bytes_med = median_u64(r->bytes + 1, r->passes - 1);
+    if (r->split) {
+        /* the devices copy in parallel: the slowest one's share through its own link */
+        r->optimal = 0;
+        r->transfer_s = 0;
+        for (int i = 0; i < b->n_split; i++) {
+            r->optimal += b->split_devs[i].optimal;
+            if (b->split_devs[i].transfer_s > r->transfer_s)
+                r->transfer_s = b->split_devs[i].transfer_s;
+        }
+        r->compute_s = 0;
+        r->bound = r->transfer_s;
+        r->efficiency = r->seconds_med > 0 ? r->bound / r->seconds_med : 0;
+        return;
+    }
     uint64_t opt = b->model > r->budget ? b->model - r->budget : 0;
     opt += b->working_set;
     r->optimal = opt < b->model ? opt : b->model;
@@ -680,8 +736,17 @@ static void report_text(bench *b, const char *load_before, const char *load_afte
                b->worst_cached * 100);
     for (size_t i = 0; i < b->n_streams; i++) {
         stream_res *r = &b->streams[i];
-        if (i == 0 || (r->device != NULL) != (b->streams[i - 1].device != NULL)) {
-            if (r->device)
+        if (i == 0 || (r->device != NULL) != (b->streams[i - 1].device != NULL) ||
+            r->split != b->streams[i - 1].split) {
+            if (r->split) {
+                printf("\n  streams: split over");
+                for (int k = 0; k < b->n_split; k++)
+                    printf("%s %s (weight %g)", k ? "," : "", b->split_devs[k].name,
+                           b->split_devs[k].weight);
+                printf("; home host, load auto, each device's budget 1/4 of its share; passes "
+                       "2..%u\n",
+                       r->passes);
+            } else if (r->device)
                 printf("\n  streams: compute %s, home host, load auto, device budget; passes "
                        "2..%u\n",
                        r->device, r->passes);
@@ -698,6 +763,18 @@ static void report_text(bench *b, const char *load_before, const char *load_afte
                cli_size(r->optimal, s3), r->seconds_med, r->bound, r->efficiency,
                r->efficiency > 1.0 ? " !" : "");
         above |= r->efficiency > 1.0;
+        for (int k = 0; r->split && k < b->n_split; k++) {
+            const split_dev *sd = &b->split_devs[k];
+            char s4[32];
+            if (sd->bw <= 0) {
+                printf("    %-22s read in place from the host copy: no transfer\n", sd->name);
+                continue;
+            }
+            printf("    %-22s share %s, budget %s%s, W %s, optimal %s at %.2f GB/s: %.3f s\n",
+                   sd->name, cli_size(sd->share, s1), cli_size(sd->budget, s2),
+                   sd->raised ? "*" : "", cli_size(sd->working_set, s3),
+                   cli_size(sd->optimal, s4), sd->bw / 1e9, sd->transfer_s);
+        }
     }
     for (size_t i = 0; i < b->n_streams; i++)
         if (b->streams[i].raised) {
@@ -707,6 +784,11 @@ static void report_text(bench *b, const char *load_before, const char *load_afte
     printf("\n  bound = max(resident compute, (M - B + W) / O_DIRECT read measured between the "
            "passes)%s;\n  efficiency = bound / measured\n",
            b->device ? " on the cpu, (M - B + W) / link bandwidth on the device" : "");
+    if (b->split)
+        printf("  split: bound = max over its devices of (M_i - B_i + W_i) / BW_i, the slowest "
+               "device's share\n    through its own link (the devices copy in parallel): M_i "
+               "the bytes placed on device i,\n    B_i = M_i/4 its budget, W_i its part of the "
+               "two largest consecutive layers\n");
     if (above)
         printf("  ! above 1: the limit did not bound that run (noise between runs, or a path it "
                "does not cover:\n    the page cache's readahead can beat O_DIRECT, a warm copy "
@@ -741,6 +823,36 @@ static void json_stream(cli_json *j, const stream_res *r, const bench *b)
     if (!r->device) {
         cli_json_key(j, "direct_read_gbps_between_passes");
         cli_json_f64(j, r->limit_med);
+    }
+    if (r->split) {
+        cli_json_key(j, "bound_definition");
+        cli_json_string(j, "max over split devices of (M_i - B_i + W_i) / BW_i");
+        cli_json_key(j, "split_devices");
+        cli_json_begin_array(j, 1);
+        for (int k = 0; k < b->n_split; k++) {
+            const split_dev *sd = &b->split_devs[k];
+            cli_json_begin_object(j, 1);
+            cli_json_key(j, "device");
+            cli_json_string(j, sd->name);
+            cli_json_key(j, "weight");
+            cli_json_f64(j, sd->weight);
+            cli_json_key(j, "share_bytes");
+            cli_json_u64(j, sd->share);
+            cli_json_key(j, "budget_bytes");
+            cli_json_u64(j, sd->budget);
+            cli_json_key(j, "budget_raised_to_working_set");
+            cli_json_bool(j, sd->raised);
+            cli_json_key(j, "working_set_bytes");
+            cli_json_u64(j, sd->working_set);
+            cli_json_key(j, "optimal_bytes_per_pass");
+            cli_json_u64(j, sd->optimal);
+            cli_json_key(j, "bandwidth_bytes_per_second");
+            cli_json_f64(j, sd->bw);
+            cli_json_key(j, "transfer_seconds_per_pass");
+            cli_json_f64(j, sd->transfer_s);
+            cli_json_end_object(j);
+        }
+        cli_json_end_array(j);
     }
     cli_json_key(j, "passes");
     cli_json_u64(j, r->passes);
@@ -811,7 +923,7 @@ static void report_json(bench *b)
         if (!b->streams[i].device)
             json_stream(&j, &b->streams[i], b);
     cli_json_end_array(&j);
-    if (b->device) {
+    if (b->device || b->split) {
         cli_json_key(&j, "device_stream");
         cli_json_begin_array(&j, 0);
         for (size_t i = 0; i < b->n_streams; i++)
@@ -858,6 +970,88 @@ static int spec_bandwidth(const char *spec, double *bw)
     return 0;
 }
 
+/* The split stream's devices, added to a scratch manager as the stream adds them (runopts_split,
+ * the same ids): each one's share of the model and working set from the dry run (ferry_plan of
+ * the same policy), its budget, optimal bytes and link bandwidth. Returns 0, CLI_EXIT_USAGE or
+ * CLI_EXIT_FAIL after printing why. */
+static int split_prepare(bench *b)
+{
+    ferry *f = ferry_create(NULL);
+    if (!f)
+        return cli_error("out of memory");
+    ferry_policy pol;
+    memset(&pol, 0, sizeof pol);
+    pol.home = FERRY_HOME_HOST;
+    pol.load = FERRY_LOAD_AUTO;
+    ferry_placement *pl = NULL;
+    size_t np = 0;
+    uint64_t *lay = NULL;
+    int rc = runopts_split(b->split, f, &pol);
+    if (!rc && pol.n_split < 2)
+        rc = cli_usage_error("bench", "--split: two devices or more (SPEC,SPEC[:WEIGHT])");
+    for (int i = 0; i < pol.n_split && !rc; i++) {
+        split_dev *sd = &b->split_devs[i];
+        ferry_device_info di;
+        memset(sd, 0, sizeof *sd);
+        sd->id = pol.split_devices[i];
+        sd->weight = pol.split_weights[i] > 0 ? pol.split_weights[i] : 1;
+        if (ferry_get_device_info(f, sd->id, &di)) {
+            rc = cli_error("%s", ferry_errmsg(f));
+            break;
+        }
+        snprintf(sd->name, sizeof sd->name, "%s", di.name);
+        if (!di.host_accessible && (spec_bandwidth(di.name, &sd->bw) || sd->bw <= 0))
+            rc = cli_usage_error("bench", "--split: '%s' gives no bandwidth to judge against "
+                                 "(sim:SIZE@BW)", di.name);
+    }
+    if (!rc)
+        b->n_split = pol.n_split;
+    if (!rc && ferry_open(f, b->path, NULL))
+        rc = cli_fail(b->path, ferry_errmsg(f), -1);
+    if (!rc && (ferry_group_add(f, "all", "*", &pol) || ferry_plan(f, &pl, &np, NULL)))
+        rc = cli_error("%s", ferry_errmsg(f));
+    /* bytes per (layer, device): consecutive placements whose names share a layer key */
+    size_t nl = 0;
+    if (!rc && !(lay = calloc((np ? np : 1) * (size_t)b->n_split, sizeof *lay)))
+        rc = cli_error("out of memory");
+    for (size_t i = 0; i < np && !rc; i++) {
+        size_t len = layer_key_len(pl[i].name);
+        if (!i || len != layer_key_len(pl[i - 1].name) ||
+            strncmp(pl[i].name, pl[i - 1].name, len) != 0)
+            nl++;
+        for (int k = 0; k < b->n_split; k++)
+            if (b->split_devs[k].id == pl[i].compute_device)
+                lay[(nl - 1) * (size_t)b->n_split + (size_t)k] += pl[i].compute_bytes;
+    }
+    for (int k = 0; k < b->n_split && !rc; k++) {
+        split_dev *sd = &b->split_devs[k];
+        for (size_t l = 0; l < nl; l++) {
+            uint64_t here = lay[l * (size_t)b->n_split + (size_t)k];
+            uint64_t next = nl > 1 ? lay[((l + 1) % nl) * (size_t)b->n_split + (size_t)k] : 0;
+            sd->share += here;
+            if (here + next > sd->working_set)
+                sd->working_set = here + next;
+        }
+        if (sd->bw <= 0) {
+            sd->working_set = 0; /* read in place: nothing staged, no budget, no transfer */
+            continue;
+        }
+        sd->budget = sd->share / 4;
+        if (sd->share && sd->budget < sd->working_set) {
+            sd->budget = sd->working_set;
+            sd->raised = 1;
+        }
+        uint64_t opt = sd->share - (sd->budget < sd->share ? sd->budget : sd->share) +
+                       sd->working_set;
+        sd->optimal = opt < sd->share ? opt : sd->share;
+        sd->transfer_s = (double)sd->optimal / sd->bw;
+    }
+    free(lay);
+    free(pl);
+    ferry_destroy(f);
+    return rc;
+}
+
 static void free_bench(bench *b)
 {
     for (size_t i = 0; i < b->n_files; i++)
@@ -890,14 +1084,19 @@ int cmd_bench(int argc, char **argv)
         "  --quick                one run, fewer reader counts: a quick look, not a measurement\n"
         "  --device SPEC          also stream with compute on SPEC (sim:SIZE@BW), home host,\n"
         "                         device budget 1/4 of the model: bound (M - B + W) / BW\n"
+        "  --split SPEC,SPEC[:WEIGHT]  also stream with the 2-D tensors' rows split over these\n"
+        "                         devices (as ferry run --split; each sim:SIZE@BW or cpu), home\n"
+        "                         host, each device's budget 1/4 of its share M_i: bound =\n"
+        "                         max over devices of (M_i - B_i + W_i) / BW_i\n"
         "  --json                 one JSON object on stdout\n"
         "  -q, --quiet            no progress bar\n";
-    const char *runs_s = NULL, *passes_s = NULL, *device = NULL;
+    const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL;
     int json = 0, quick = 0, quiet = 0;
     cli_opt opts[] = {
         {"runs", 0, CLI_OPT_STRING, &runs_s},     {"passes", 0, CLI_OPT_STRING, &passes_s},
         {"quick", 0, CLI_OPT_FLAG, &quick},       {"device", 0, CLI_OPT_STRING, &device},
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
+        {"split", 0, CLI_OPT_STRING, &split},
     };
     int npos = 0;
     int prc = cli_parse("bench", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
@@ -938,9 +1137,15 @@ int cmd_bench(int argc, char **argv)
         free_bench(&b);
         return CLI_EXIT_FAIL;
     }
+    b.split = split;
+    if (split && (rc = split_prepare(&b)) != 0) {
+        free_bench(&b);
+        return rc;
+    }
     char before[16], after[16];
     load_average(before, sizeof before);
-    uint64_t total_steps = b.runs * STEPS_PER_RUN + (uint64_t)b.passes * (b.device ? 3 : 2);
+    uint64_t total_steps =
+        b.runs * STEPS_PER_RUN + (uint64_t)b.passes * (2 + (b.device ? 1 : 0) + (b.split ? 1 : 0));
     cli_progress_start(&b.bar, "bench", total_steps * b.model, !json && !quiet);
     for (size_t r = 0; r < b.runs && !rc; r++)
         rc = run_once(&b);
@@ -948,12 +1153,17 @@ int cmd_bench(int argc, char **argv)
         b.med[m] = median(b.v[m], b.n[m]);
     static const unsigned den[2] = {4, 2};
     for (int i = 0; i < 2 && !rc; i++) {
-        rc = run_stream(&b, b.model / den[i], NULL, &b.streams[b.n_streams]);
+        rc = run_stream(&b, b.model / den[i], NULL, 0, &b.streams[b.n_streams]);
         if (!rc)
             judge_stream(&b, &b.streams[b.n_streams++]);
     }
     if (b.device && !rc) {
-        rc = run_stream(&b, b.model / 4, b.device, &b.streams[b.n_streams]);
+        rc = run_stream(&b, b.model / 4, b.device, 0, &b.streams[b.n_streams]);
+        if (!rc)
+            judge_stream(&b, &b.streams[b.n_streams++]);
+    }
+    if (b.split && !rc) {
+        rc = run_stream(&b, 0, NULL, 1, &b.streams[b.n_streams]);
         if (!rc)
             judge_stream(&b, &b.streams[b.n_streams++]);
     }

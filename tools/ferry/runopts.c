@@ -144,9 +144,11 @@ int runopts_parse(const char *cmd, runopts *r)
 
 /* Adds the devices of --split and fills the policy's split. A trailing ":WEIGHT" is a number after
  * the spec's own colons: cpu:W, sim:CAP:W, cuda:N:W. */
-static int add_split(runopts *r, ferry *f)
+int runopts_split(const char *split, ferry *f, ferry_policy *policy)
 {
-    char *copy = strdup(r->split), *save = NULL;
+    char *copy = strdup(split), *save = NULL;
+    if (!copy)
+        return cli_error("out of memory");
     int rc = 0, k = 0;
     for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
         if (k >= FERRY_MAX_SPLIT) {
@@ -174,15 +176,20 @@ static int add_split(runopts *r, ferry *f)
             rc = cli_error("%s", ferry_errmsg(f));
             break;
         }
-        r->policy.split_devices[k] = dev;
-        r->policy.split_weights[k] = w;
+        policy->split_devices[k] = dev;
+        policy->split_weights[k] = w;
         k++;
     }
-    r->policy.n_split = k;
+    policy->n_split = k;
     if (!rc && k)
-        r->policy.compute_device = r->policy.split_devices[0];
+        policy->compute_device = policy->split_devices[0];
     free(copy);
     return rc;
+}
+
+static int add_split(runopts *r, ferry *f)
+{
+    return runopts_split(r->split, f, &r->policy);
 }
 
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)

@@ -31,6 +31,9 @@ int runopts_parse(const char *cmd, runopts *r);
 /* A manager with the device, budgets, policy (group "all" for every tensor), the files and the
  * adapters. Returns 0 or CLI_EXIT_FAIL after printing why. */
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out);
+/* Adds the devices of a --split value (SPEC,SPEC[:WEIGHT]...) to F and fills POLICY's split
+ * fields (and compute_device: the first of them). Returns 0 or CLI_EXIT_FAIL after printing why. */
+int runopts_split(const char *split, ferry *f, ferry_policy *policy);
 /* The help text of these options. */
 extern const char runopts_help[];
 
