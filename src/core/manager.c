@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 
@@ -24,7 +25,8 @@ ferry *ferry_create(const ferry_options *opt)
         /* FERRY_IO_THREADS: the default for managers that do not set it (tuning, benchmarks) */
         const char *env = getenv("FERRY_IO_THREADS");
         long v = env ? strtol(env, NULL, 10) : 0;
-        f->opt.io_threads = v > 0 && v <= 64 ? (uint32_t)v : 4;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        f->opt.io_threads = v > 0 && v <= 64 ? (uint32_t)v : cpus < 2 ? 2 : cpus > 4 ? 4 : (uint32_t)cpus;
     }
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
