@@ -16,10 +16,14 @@
 #include <unistd.h>
 
 /* check.h's check_tmpdir trips -Wformat-truncation at -O2 when inlined here */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 #include "check.h"
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #include "io/io.h"
 #include "io/io_internal.h"
 

@@ -294,8 +294,8 @@ static int measure_items(cursor *c, uint32_t elem, uint64_t n, unsigned depth, u
     }
     /* FERRY_VALUE_ARRAY: rd_array_head accepts no other non-scalar type. */
     for (uint64_t i = 0; i < n; i++) {
-        uint32_t e2;
-        uint64_t n2;
+        uint32_t e2 = 0;
+        uint64_t n2 = 0;
         int rc = rd_array_head(c, depth + 1, key, &e2, &n2);
         if (rc)
             return rc;
