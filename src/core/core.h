@@ -64,6 +64,7 @@ typedef struct ferry__copy {
     uint64_t epoch;   /* LoRA epoch it was staged in */
     int merged;       /* LoRA terms were added to it */
     int status;       /* the last job's result when it failed */
+    int ahead;        /* filled by a prefetch and not used since: it holds a window's bytes */
 } ferry__copy;
 
 /* One adapter's term on one weight. */
