@@ -530,7 +530,9 @@ FERRY_API int ferry_load_group(ferry *f, const char *group);
  * `.lora_down.weight`, `.lora_up.weight`, `.alpha`), GGUF LoRA (`....lora_a` / `....lora_b`,
  * `adapter.lora.alpha`). Adapter names are mapped to base tensor names (HF llama names to GGUF
  * names, diffusers unet names, kohya's underscored names); factors that match no base tensor are
- * reported by ferry_lora_get_info, never dropped silently.
+ * reported by ferry_lora_get_info, never dropped silently. Adapters that are not plain low-rank
+ * terms are refused with FERRY_ELORA naming the tensor: LoCon mid factors, DoRA, LoHa/LoKr,
+ * embedding LoRA, and PEFT `modules_to_save` weights (whole replacements of a base weight).
  *
  * For a base weight W (rows = its outermost dimension, columns = everything else, so conv kernels
  * are reshaped to matrices) and factors A (rank x columns) and B (rows x rank), the adapter adds

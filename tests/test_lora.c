@@ -797,6 +797,17 @@ static void test_hostile(void)
                        FERRY_ELORA, "lora_unet_c.lora_mid.weight", NULL);
     }
     {
+        /* PEFT modules_to_save beside ordinary factors: refused, never half-applied */
+        tspec ts[] = {T2("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                         FERRY_DTYPE_F16, 4, 16),
+                      T2("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+                         FERRY_DTYPE_F16, 16, 4),
+                      T2("base_model.model.lm_head.modules_to_save.default.weight",
+                         FERRY_DTYPE_F16, 32, 16)};
+        expect_refused("mts.safetensors", FERRY_FORMAT_SAFETENSORS, ts, 3, NULL, 0, FERRY_ELORA,
+                       "lm_head.modules_to_save.default.weight", "modules_to_save");
+    }
+    {
         tspec ts[] = {T2("blk.0.attn_q.weight.lora_a", FERRY_DTYPE_F16, 16, 3),
                       T2("blk.0.attn_q.weight.lora_b", FERRY_DTYPE_F16, 3, 16)};
         mspec ms[] = {{"adapter.type", "control_vector", 0}};

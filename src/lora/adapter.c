@@ -432,6 +432,14 @@ static int scan(ferry__adapter *a, ferry__hmap *stems, ferry__err *e)
         ferry_tensor_info t;
         ferry_catalog_tensor(a->cat, i, &t);
         size_t len = strlen(t.name);
+        /* PEFT modules_to_save: whole trained copies of a module that replace the base weight
+         * while the adapter is active. Skipping them would apply the adapter without them. */
+        if (strstr(t.name, ".modules_to_save.") || strstr(t.name, ".original_module."))
+            return ferry__fail(e, FERRY_ELORA,
+                               "%s: tensor '%s' is a PEFT modules_to_save weight (a full "
+                               "replacement of the base weight, not a low-rank term), which "
+                               "ferry does not apply; merge it into the base model first",
+                               a->path, t.name);
         for (size_t m = 0; m < FERRY__ARRAY_LEN(unsupported_marks); m++)
             if (strstr(t.name, unsupported_marks[m]))
                 return ferry__fail(e, FERRY_ELORA,
