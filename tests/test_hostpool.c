@@ -122,19 +122,50 @@ static void test_stitch_basics(void)
     CHECK(!ferry__cpu_block(d, small, NULL, NULL));
     void *out, *rest;
     uint64_t got, rest_size;
+    int gone = -1;
     void *bad[] = {a, small};
-    CHECK_EQ_INT(ferry__cpu_stitch(d, bad, 2, 8 << 20, &out, &got, &rest, &rest_size),
+    CHECK_EQ_INT(ferry__cpu_stitch(d, bad, 2, 8 << 20, &out, &got, &rest, &rest_size, &gone),
                  FERRY_EINVAL);
     /* parts that reach past NEED before the last: refused, untouched */
     void *over[] = {b, a};
-    CHECK_EQ_INT(ferry__cpu_stitch(d, over, 2, 2 << 20, &out, &got, &rest, &rest_size),
+    CHECK_EQ_INT(ferry__cpu_stitch(d, over, 2, 2 << 20, &out, &got, &rest, &rest_size, &gone),
                  FERRY_EINVAL);
+    CHECK_EQ_INT(gone, 0);
+#if !SANITIZED /* the sanitizers cannot live under an address-space limit */
+    {
+        /* no address space for the new range: refused with the parts untouched */
+        struct rlimit old, low;
+        long vm_kb = 0;
+        FILE *st = fopen("/proc/self/status", "r");
+        char line[256];
+        while (st && fgets(line, sizeof line, st))
+            if (sscanf(line, "VmSize: %ld kB", &vm_kb) == 1)
+                break;
+        if (st)
+            fclose(st);
+        if (vm_kb > 0 && getrlimit(RLIMIT_AS, &old) == 0) {
+            low = old;
+            low.rlim_cur = (rlim_t)vm_kb * 1024 + (16u << 20);
+            void *ab0[] = {a, b};
+            int rc = setrlimit(RLIMIT_AS, &low) == 0
+                         ? ferry__cpu_stitch(d, ab0, 2, 256u << 20, &out, &got, &rest, &rest_size,
+                                             &gone)
+                         : -1000;
+            setrlimit(RLIMIT_AS, &old);
+            CHECK_EQ_INT(rc, FERRY_ENOMEM);
+            CHECK_EQ_INT(gone, 0);
+            CHECK(ferry__cpu_block(d, a, &size, &segs) && size == 1 << 20);
+            CHECK(ferry__cpu_block(d, b, &size, &segs) && size == 3 << 20);
+            CHECK(((unsigned char *)a)[777] == 0xA1 && ((unsigned char *)b)[(3 << 20) - 1] == 0xB2);
+        }
+    }
+#endif
     CHECK(((unsigned char *)a)[12345] == 0xA1 && ((unsigned char *)b)[3 << 19] == 0xB2);
     d->ops->free(d, small);
 
     /* join a + b + 1 MiB fresh */
     void *ab[] = {a, b};
-    CHECK_EQ_INT(ferry__cpu_stitch(d, ab, 2, 5 << 20, &out, &got, &rest, &rest_size), 0);
+    CHECK_EQ_INT(ferry__cpu_stitch(d, ab, 2, 5 << 20, &out, &got, &rest, &rest_size, &gone), 0);
     CHECK(got == 5 << 20 && rest == NULL && rest_size == 0);
     unsigned char *o = out;
     int ok = 1;
@@ -147,19 +178,19 @@ static void test_stitch_basics(void)
 
     /* cut c: 1 MiB stays at c, the rest is a block of its own */
     void *one[] = {c};
-    CHECK_EQ_INT(ferry__cpu_stitch(d, one, 1, 1 << 20, &a, &got, &rest, &rest_size), 0);
+    CHECK_EQ_INT(ferry__cpu_stitch(d, one, 1, 1 << 20, &a, &got, &rest, &rest_size, &gone), 0);
     CHECK(a == c && got == 1 << 20 && rest == (unsigned char *)c + (1 << 20) &&
           rest_size == (1 << 20) + 8192);
     CHECK(((unsigned char *)rest)[rest_size - 1] == 0xC3);
     /* a rest under 64 KiB is not cut off: the whole block is handed out */
     void *r1[] = {rest};
-    CHECK_EQ_INT(ferry__cpu_stitch(d, r1, 1, (1 << 20) - 4096, &b, &got, &c, &size), 0);
+    CHECK_EQ_INT(ferry__cpu_stitch(d, r1, 1, (1 << 20) - 4096, &b, &got, &c, &size, &gone), 0);
     CHECK(b == rest && got == (1 << 20) + 8192 && c == NULL && size == 0);
 
     /* join a multi-mapping block with two others, the last one cut */
     void *three[] = {out, a, b};
     uint64_t need = (13u << 20) / 2; /* 6.5 MiB: half a MiB of the last */
-    CHECK_EQ_INT(ferry__cpu_stitch(d, three, 3, need, &c, &got, &rest, &rest_size), 0);
+    CHECK_EQ_INT(ferry__cpu_stitch(d, three, 3, need, &c, &got, &rest, &rest_size, &gone), 0);
     CHECK(got == need && rest == (unsigned char *)b + (1 << 19) &&
           rest_size == (1 << 20) + 8192 - (1 << 19));
     o = c;
@@ -184,7 +215,7 @@ static void test_stitch_property(void)
     enum { MAXB = 40 };
     blk bs[MAXB];
     size_t nb = 0;
-    int ok = 1, steps = 0;
+    int ok = 1, steps = 0, gone;
     for (; steps < 400 && ok; steps++) {
         int op = (int)rnd(3);
         if (nb < 3 || (op == 0 && nb < MAXB)) {
@@ -206,7 +237,7 @@ static void test_stitch_property(void)
             uint64_t need = 1 + rnd(bs[i].pages);
             void *parts[] = {bs[i].p}, *out, *rest;
             uint64_t got, rest_size;
-            if (ferry__cpu_stitch(d, parts, 1, need * PAGE, &out, &got, &rest, &rest_size)) {
+            if (ferry__cpu_stitch(d, parts, 1, need * PAGE, &out, &got, &rest, &rest_size, &gone)) {
                 ok = 0;
                 break;
             }
@@ -251,7 +282,7 @@ static void test_stitch_property(void)
             uint64_t got, rest_size;
             for (size_t j = 0; j < k; j++)
                 parts[j] = bs[idx[j]].p;
-            int rc = ferry__cpu_stitch(d, parts, k, need * PAGE, &out, &got, &rest, &rest_size);
+            int rc = ferry__cpu_stitch(d, parts, k, need * PAGE, &out, &got, &rest, &rest_size, &gone);
             if (rc) {
                 fprintf(stderr, "stitch of %zu parts, %llu pages: %d\n", k,
                         (unsigned long long)need, rc);
@@ -374,6 +405,12 @@ static void test_stream_reuses_pages(void)
     /* the pool never holds the host over its budget, and gives everything back at release */
     ferry_release_all(f);
     CHECK(f->devs[0].used <= budget);
+    /* nothing is prepared: every byte still held is a cached copy or a pooled buffer */
+    uint64_t cached = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ts[i]->comp.state == FERRY__READY && ts[i]->comp.dev == 0 && ts[i]->comp.mem.base)
+            cached += ts[i]->comp.mem.size;
+    CHECK_EQ_INT((long long)f->devs[0].used, (long long)(cached + f->devs[0].pooled));
     CHECK_EQ_INT(ferry_set_budget(f, 0, 1), 0);
     CHECK(f->devs[0].pooled == 0);
     free(ts);

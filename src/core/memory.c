@@ -188,8 +188,10 @@ int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out)
 
 /* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes.
  * Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve it (nothing
- * changed; the caller evicts or takes fresh memory), -1 when the kernel refused to move pages:
- * the parts tried are gone (accounted as freed), the caller tries again. */
+ * changed; the caller evicts or takes fresh memory), -1 when the kernel refused to move pages
+ * after moving some: the parts tried are gone (accounted as freed), the caller tries again; -2
+ * when memory ran short before anything moved: nothing changed, and the caller goes on without
+ * stitching (trimming the pool gives memory back, where stitching needs some more). */
 static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__mem *out)
 {
     ferry__dev *D = &f->devs[dev];
@@ -260,11 +262,14 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         parts[k] = D->pool[pick[k]].base;
     void *base, *rest;
     uint64_t got, rest_size;
-    int rc = ferry__cpu_stitch(D->d, parts, n, need, &base, &got, &rest, &rest_size);
+    int gone = 0;
+    int rc = ferry__cpu_stitch(D->d, parts, n, need, &base, &got, &rest, &rest_size, &gone);
     if (rc == FERRY_EINVAL || rc == FERRY_EUNSUPPORTED) {
         D->no_stitch = 1; /* the pool goes on by size alone */
         return 0;
     }
+    if (rc && !gone)
+        return -2; /* short of memory, nothing moved: the parts stay pooled */
     /* the parts leave the pool (highest index first, so the others stay where they are) */
     for (size_t a = 0; a < n; a++)
         for (size_t b = a + 1; b < n; b++)
@@ -321,8 +326,10 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
             int r = pool_stitch(f, dev, size, room, out);
             if (r > 0)
                 return 0;
-            if (r < 0)
+            if (r == -1)
                 continue;
+            if (r == -2)
+                stitch = 0;
         }
         if (size <= room)
             break;

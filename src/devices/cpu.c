@@ -327,8 +327,9 @@ static int carve(const cpu_block *b, uint64_t from, uint64_t to, cpu_block *out)
 }
 
 #ifdef __linux__
-/* Moves bytes [0, LEN) of B to DST, one segment (one mapping at most) per mremap. */
-static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst)
+/* Moves bytes [0, LEN) of B to DST, one segment (one mapping at most) per mremap; *DONE gets the
+ * bytes moved (all of LEN, or up to the segment the kernel refused). */
+static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst, uint64_t *done)
 {
     uint64_t start = 0;
     for (uint32_t i = 0; start < len; i++) {
@@ -336,19 +337,23 @@ static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst)
         if (end > len)
             end = len;
         if (mremap((void *)(b->addr + start), (size_t)(end - start), (size_t)(end - start),
-                   MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(dst + start)) == MAP_FAILED)
+                   MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(dst + start)) == MAP_FAILED) {
+            *done = start;
             return -1;
+        }
         start = end;
     }
+    *done = len;
     return 0;
 }
 #endif
 
 int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
-                      uint64_t *out_size, void **rest, uint64_t *rest_size)
+                      uint64_t *out_size, void **rest, uint64_t *rest_size, int *gone)
 {
     *out = *rest = NULL;
     *out_size = *rest_size = 0;
+    *gone = 0;
     if (!ferry__cpu_is(d) || !n || n > 64 || !need || need > SIZE_MAX - CPU_ALIGN)
         return FERRY_EINVAL;
     need = (need + CPU_ALIGN - 1) & ~(uint64_t)(CPU_ALIGN - 1);
@@ -415,8 +420,8 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
     }
     whole.addr = (uintptr_t)reg;
     whole.size = need;
-    uint64_t off = 0;
-    size_t moved = 0;
+    uint64_t off = 0, part_done = 0;
+    size_t moved = 0; /* parts whose bytes up to NEED have all moved */
     for (; moved < n; moved++) {
         uint64_t len = b[moved].size < need - off ? b[moved].size : need - off;
         if (off)
@@ -427,29 +432,43 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
             rc = FERRY_ENOMEM;
             break;
         }
-        if (move_front(&b[moved], len, whole.addr + off)) {
-            free(tail.cuts);
-            tail = (cpu_block){0};
+        if (move_front(&b[moved], len, whole.addr + off, &part_done)) {
             rc = errno == ENOMEM ? FERRY_ENOMEM : FERRY_EIO;
             break;
         }
         off += len;
     }
-    if (!rc && off < need)
-        whole.cuts[whole.ncuts++] = off;
-    /* The parts leave the table: moved, or (on failure) unmapped with the new range. */
-    for (size_t i = 0; i < n; i++) {
-        cpu_block gone;
-        blocks_take(c, b[i].addr, &gone);
-        if (rc)
-            munmap((void *)gone.addr, (size_t)gone.size);
-        free(gone.cuts);
-    }
     if (rc) {
-        munmap(reg, (size_t)need);
+        free(tail.cuts);
         free(whole.cuts);
+        if (!moved && !part_done) {
+            /* nothing moved: the parts stay as they were, in the table */
+            munmap(reg, (size_t)need);
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+        /* Some pages moved into REG, which goes with them. The ranges they left are holes that
+         * another thread's mmap may have taken meanwhile: only what never moved is unmapped. */
+        for (size_t i = 0; i < n; i++) {
+            cpu_block left;
+            blocks_take(c, b[i].addr, &left);
+            uint64_t from = i < moved ? left.size : i == moved ? part_done : 0;
+            if (from < left.size)
+                munmap((void *)(left.addr + from), (size_t)(left.size - from));
+            free(left.cuts);
+        }
+        munmap(reg, (size_t)need);
         pthread_mutex_unlock(&c->lock);
+        *gone = 1;
         return rc;
+    }
+    if (off < need)
+        whole.cuts[whole.ncuts++] = off;
+    /* The parts leave the table: their pages now belong to REG (and the rest to TAIL). */
+    for (size_t i = 0; i < n; i++) {
+        cpu_block left;
+        blocks_take(c, b[i].addr, &left);
+        free(left.cuts);
     }
     if (!whole.ncuts) {
         free(whole.cuts);

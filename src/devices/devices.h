@@ -56,12 +56,14 @@ int ferry__cpu_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *s
  * One part of at least NEED bytes is only cut in two, with no system call — and not cut when the
  * rest would be under 64 KiB: then *OUT_SIZE is the part's whole size. On success *OUT, *OUT_SIZE
  * hold the new block (freed with D's free like any other) and the parts are gone; returns 0.
- * FERRY_EINVAL when a part is not a mapped block of D or the parts reach past NEED before the last:
- * nothing is touched. FERRY_ENOMEM / FERRY_EIO when the kernel refuses a move (too many
- * mappings): then every part has been unmapped, its bytes returned to the system.
- * FERRY_EUNSUPPORTED off Linux (no mremap), parts untouched. */
+ * On failure *GONE says what became of the parts: 0, untouched (still blocks of D); 1, unmapped,
+ * their bytes returned to the system (the kernel refused a move after others had been made).
+ * FERRY_EINVAL when a part is not a mapped block of D or the parts reach past NEED before the last
+ * (untouched); FERRY_ENOMEM when memory for the new range or the bookkeeping is short, or the
+ * kernel refuses a move (too many mappings); FERRY_EIO for another refusal; FERRY_EUNSUPPORTED
+ * off Linux (no mremap; untouched). */
 int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
-                      uint64_t *out_size, void **rest, uint64_t *rest_size);
+                      uint64_t *out_size, void **rest, uint64_t *rest_size, int *gone);
 
 /* The sim device's configuration, parsed from "sim[:CAPACITY[@RATE]][,key=value...]". */
 typedef struct ferry__sim_config {
