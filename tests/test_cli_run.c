@@ -78,8 +78,28 @@ int main(void)
     run_ok(q4, "--compute-dtype f16");
     run_ok(gguf, "--compute-dtype q4_0 --home disk --load direct");
 
-    /* a budget too small for one layer: a clear error, exit 1 */
+    /* split: --budget device= bounds each split device (it was silently ignored with --split) */
     char out[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s run '%s' --split sim:64MiB,sim:64MiB:3 --budget device=200KiB --passes 2 "
+             "--verify --json --quiet 2>&1",
+             FERRY_CLI, gguf);
+    CHECK_EQ_INT(sh(cmd, out, sizeof out), 0);
+    {
+        long long p1 = -1, p2 = -1, ev = -1;
+        const char *dp = strstr(out, "\"device_peak_bytes\"");
+        const char *e = strstr(out, "\"evictions\"");
+        if (dp)
+            sscanf(dp, "\"device_peak_bytes\": {\"1\": %lld, \"2\": %lld", &p1, &p2);
+        if (e)
+            sscanf(e, "\"evictions\": %lld", &ev);
+        CHECK(strstr(out, "\"verify\": \"ok\"") != NULL);
+        CHECK(p1 > 0 && p1 <= 200 * 1024 && p2 > 0 && p2 <= 200 * 1024);
+        CHECK(ev > 0); /* the 3/4 share (about 315 KiB) does not fit: the budget was applied */
+        if (!(p1 > 0 && p1 <= 200 * 1024 && p2 > 0 && p2 <= 200 * 1024 && ev > 0))
+            fprintf(stderr, "split budget: %s\n", out);
+    }
+    /* a budget too small for one layer: a clear error, exit 1 */
     snprintf(cmd, sizeof cmd, "%s run '%s' --home disk --budget host=4KiB --quiet 2>&1",
              FERRY_CLI, gguf);
     CHECK_EQ_INT(sh(cmd, out, sizeof out), 1);

@@ -13,7 +13,8 @@ const char runopts_help[] =
     "  --home disk|host|device  where weights live between uses (default host)\n"
     "  --load auto|mmap|read|direct  how bytes come from the file (default auto)\n"
     "  --lazy off|on|auto[=SIZE]  lazy tensors: paged in on demand (default auto=4GiB)\n"
-    "  --budget device=SIZE[,host=SIZE]  memory budgets (a bare SIZE is the device's)\n"
+    "  --budget device=SIZE[,host=SIZE]  memory budgets (a bare SIZE is the device's;\n"
+    "                         with --split, each split device's)\n"
     "  --compute-dtype T      stage weights converted to T (f32, f16, bf16, q8_0, q4_0)\n"
     "  -a, --adapter PATH[:MULT]  merge a LoRA adapter (repeatable)\n"
     "  --lora-mode merge|runtime  merge adapters at staging, or hand factors to the engine\n"
@@ -210,11 +211,19 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
         ferry_destroy(f);
         return CLI_EXIT_FAIL;
     }
-    if (r->have_device_budget && dev && ferry_set_budget(f, dev, r->device_budget)) {
-        cli_error("%s", ferry_errmsg(f));
-        ferry_destroy(f);
-        return CLI_EXIT_FAIL;
-    }
+    /* the device budget is the compute device's; with --split, each split device's */
+    int bdev[FERRY_MAX_SPLIT + 1], nb = 0;
+    if (dev)
+        bdev[nb++] = dev;
+    for (int k = 0; r->split && k < r->policy.n_split; k++)
+        if (r->policy.split_devices[k] && r->policy.split_devices[k] != dev)
+            bdev[nb++] = r->policy.split_devices[k];
+    for (int k = 0; r->have_device_budget && k < nb; k++)
+        if (ferry_set_budget(f, bdev[k], r->device_budget)) {
+            cli_error("%s", ferry_errmsg(f));
+            ferry_destroy(f);
+            return CLI_EXIT_FAIL;
+        }
     for (int i = 0; i < nfiles; i++) {
         if (ferry_open(f, files[i], NULL)) {
             cli_fail(files[i], ferry_errmsg(f), -1);
