@@ -431,7 +431,9 @@ typedef struct ferry_device_info {
 /* Describes device ID (0 is the cpu). Strings valid until ferry_destroy. */
 FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out);
 /* Sets device ID's budget in bytes (the cpu's budget is the host budget). 0: the default (what
- * the device reports free, minus a margin). */
+ * the device reports free, minus a margin). A smaller budget takes effect before the call
+ * returns for everything not in use: it waits for prefetches in flight, then evicts cached
+ * copies and pooled buffers down to it; prepared tensors stay. */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
 
 /* Opens a model (as ferry_catalog_add) and adds its tensors under PREFIX. */

@@ -210,9 +210,13 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
             bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
         }
         f->devs[device].budget = bytes;
-        /* A smaller budget takes effect now for what is cached; what is in use stays. */
-        if (bytes)
+        /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
+         * in flight hold reservations that cannot be evicted yet: they land first. */
+        if (bytes) {
+            while (f->inflight_prefetch && !f->closing)
+                pthread_cond_wait(&f->cond, &f->lock);
             ferry__shrink(f, device);
+        }
     }
     pthread_mutex_unlock(&f->lock);
     return rc;
