@@ -301,8 +301,7 @@ static void test_stitch_property(void)
                     memmove(s->tags, s->tags + take, (s->pages - take) * sizeof *s->tags);
                     s->p = rest;
                     s->pages -= take;
-                    s->tags[0] = s->tags[0]; /* the rest stays in slot idx[k-1] */
-                    idx[k - 1] = SIZE_MAX;   /* not removed below */
+                    idx[k - 1] = SIZE_MAX; /* the rest stays in its slot: not removed below */
                 } else if (j == k - 1) {
                     ok &= rest == NULL;
                 }

@@ -82,7 +82,8 @@ static int pool_take(ferry *f, int dev, uint64_t need, ferry__mem *out)
     return 1;
 }
 
-/* Keeps M's buffer in DEV's pool (still counted in used); 0 when the pool cannot grow. */
+/* Keeps the buffer BASE of SIZE bytes in DEV's pool (still counted in used); 0 when the pool
+ * cannot grow. */
 static int pool_put(ferry *f, int dev, void *base, uint64_t size)
 {
     ferry__dev *D = &f->devs[dev];
