@@ -11,6 +11,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* SANITIZED: 1 in ASan/TSan builds (gcc or clang), where timing, fault counts and address-space
+ * limits mean other things. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 static int check_passed, check_failed;
 
 #define CHECK(cond)                                                                        \

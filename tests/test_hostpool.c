@@ -21,16 +21,6 @@
 
 #define PAGE 4096u
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 /* 1 when no page of [P, P+LEN) is mapped. */
 static int unmapped(const void *p, uint64_t len)
