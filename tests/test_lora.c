@@ -12,13 +12,13 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "lora_fixture.h"
 #include "dtype/dtype.h"
 #include "ferry.h"
 #include "lora/lora.h"
 
 #include "../tools/ferry/gen_lora.c"
 
-static const char *dir;
 
 /* ---- writing model and adapter files ------------------------------------------------------------ */
 
@@ -36,36 +36,6 @@ typedef struct mspec {
     const char *str; /* NULL: an f32 value (GGUF) */
     double f;
 } mspec;
-
-/* Deterministic values in [-0.25, 0.25), depending on the tensor's name and the index. */
-static float val_of(const char *name, uint64_t i)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ h;
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 32;
-    return ((float)(x & 0xFFFFFF) / 16777216.0f - 0.5f) * 0.5f;
-}
-
-static float round_trip(ferry_dtype dt, float v)
-{
-    unsigned char buf[16];
-    float out = v;
-    if (dt != FERRY_DTYPE_F32 && ferry_dtype_convert(FERRY_DTYPE_F32, &v, dt, buf, 1) == 0)
-        ferry_dtype_convert(dt, buf, FERRY_DTYPE_F32, &out, 1);
-    return out;
-}
-
-static uint64_t elems_of(const tspec *t)
-{
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t->ndim; d++)
-        n *= (uint64_t)t->shape[d];
-    return n;
-}
 
 static int write_file(const char *path, ferry_format fmt, const tspec *ts, size_t n,
                       const mspec *ms, size_t nm)
@@ -87,38 +57,15 @@ static int write_file(const char *path, ferry_format fmt, const tspec *ts, size_
         rc = ferry_writer_add_tensor(w, ts[k].name, ts[k].dt, ts[k].ndim, ts[k].shape);
     if (!rc)
         rc = ferry_writer_begin(w, path);
-    for (size_t k = 0; k < n && !rc; k++) {
-        uint64_t ne = elems_of(&ts[k]), nb;
-        ferry_dtype_nbytes(ts[k].dt, ne, &nb);
-        float *f = malloc((ne ? ne : 1) * sizeof *f);
-        unsigned char *raw = calloc(nb ? nb : 1, 1);
-        for (uint64_t i = 0; i < ne; i++)
-            f[i] = ts[k].fill != 0.0f ? ts[k].fill : val_of(ts[k].name, i);
-        if (ts[k].poison && ne > 1)
-            f[1] = NAN;
-        if (ts[k].dt == FERRY_DTYPE_F32)
-            memcpy(raw, f, nb);
-        else if (ferry_dtype_can_convert(FERRY_DTYPE_F32, ts[k].dt))
-            ferry_dtype_convert(FERRY_DTYPE_F32, f, ts[k].dt, raw, ne);
-        rc = ferry_writer_write(w, raw, nb);
-        free(f);
-        free(raw);
-    }
+    for (size_t k = 0; k < n && !rc; k++)
+        rc = write_values(w, ts[k].name, ts[k].dt, ts[k].ndim, ts[k].shape, ts[k].fill,
+                          ts[k].poison);
     if (!rc)
         rc = ferry_writer_finish(w);
     if (rc)
         fprintf(stderr, "write_file %s: %s\n", path, ferry_writer_errmsg(w));
     ferry_writer_destroy(w);
     return rc;
-}
-
-static char *path_of(const char *name)
-{
-    static char buf[8][4096];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 4096, "%s/%s", dir, name);
-    return p;
 }
 
 #define T2(nm, dt, a, b) {nm, dt, 2, {a, b, 0, 0}, 0, 0.0f}

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 
 #include "check.h"
+#include "lora_fixture.h"
 #include "ferry.h"
 #include "model_fixture.h"
 
@@ -32,16 +33,6 @@
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *dir;
-
-static char *path_of(const char *name)
-{
-    static char buf[16][4096];
-    static int k;
-    char *p = buf[k++ % 16];
-    snprintf(p, 4096, "%s/%s", dir, name);
-    return p;
-}
 
 static int starts_with(const char *s, const char *prefix)
 {
@@ -49,29 +40,6 @@ static int starts_with(const char *s, const char *prefix)
 }
 
 /* ---- values and files --------------------------------------------------------------------------- */
-
-/* Deterministic values in [-0.25, 0.25), from the tensor's name and the index. */
-static float val_of(const char *name, uint64_t i)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ull;
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ h;
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 32;
-    return ((float)(x & 0xFFFFFF) / 16777216.0f - 0.5f) * 0.5f;
-}
-
-/* V as stored in DT and read back. */
-static float round_trip(ferry_dtype dt, float v)
-{
-    unsigned char buf[16];
-    float out = v;
-    if (dt != FERRY_DTYPE_F32 && ferry_dtype_convert(FERRY_DTYPE_F32, &v, dt, buf, 1) == 0)
-        ferry_dtype_convert(dt, buf, FERRY_DTYPE_F32, &out, 1);
-    return out;
-}
 
 typedef struct wspec {
     const char *name;
@@ -86,14 +54,6 @@ typedef struct meta {
     ferry_value v;
 } meta;
 
-static uint64_t elems_of(const wspec *t)
-{
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < t->ndim; d++)
-        n *= (uint64_t)t->shape[d];
-    return n;
-}
-
 /* Writes a model or adapter file: every tensor holds val_of(name, i) in its dtype (zeros for
  * types ferry cannot quantize to, e.g. q4_k), or FILL. */
 static int write_tensors(const char *path, ferry_format fmt, const wspec *ts, size_t n,
@@ -107,22 +67,8 @@ static int write_tensors(const char *path, ferry_format fmt, const wspec *ts, si
         rc = ferry_writer_add_tensor(w, ts[k].name, ts[k].dt, ts[k].ndim, ts[k].shape);
     if (!rc)
         rc = ferry_writer_begin(w, path);
-    for (size_t k = 0; k < n && !rc; k++) {
-        uint64_t ne = elems_of(&ts[k]), nb = 0;
-        ferry_dtype_nbytes(ts[k].dt, ne, &nb);
-        float *f = malloc((ne ? ne : 1) * sizeof *f);
-        unsigned char *raw = calloc(nb ? nb : 1, 1);
-        for (uint64_t i = 0; i < ne; i++)
-            f[i] = ts[k].fill != 0.0f ? ts[k].fill : val_of(ts[k].name, i);
-        if (ferry_dtype_can_convert(FERRY_DTYPE_F32, ts[k].dt) &&
-            (ts[k].dt == FERRY_DTYPE_F32 || ts[k].dt == FERRY_DTYPE_F16 ||
-             ts[k].dt == FERRY_DTYPE_BF16 || ts[k].dt == FERRY_DTYPE_Q8_0 ||
-             ts[k].dt == FERRY_DTYPE_Q4_0))
-            ferry_dtype_convert(FERRY_DTYPE_F32, f, ts[k].dt, raw, ne);
-        rc = ferry_writer_write(w, raw, nb);
-        free(f);
-        free(raw);
-    }
+    for (size_t k = 0; k < n && !rc; k++)
+        rc = write_values(w, ts[k].name, ts[k].dt, ts[k].ndim, ts[k].shape, ts[k].fill, 0);
     if (!rc)
         rc = ferry_writer_finish(w);
     if (rc)
