@@ -139,6 +139,21 @@ static inline void *fixture_pread(const char *path, uint64_t off, uint64_t n)
     return buf;
 }
 
+/* 1 when prepared tensor T holds exactly its bytes in the file (read back with ferry_tensor_read,
+ * from any device; compared with a plain pread of the file). */
+static inline int fixture_same_as_file(ferry *f, ferry_tensor *t)
+{
+    ferry_tensor_info info;
+    ferry_tensor_get_info(t, &info);
+    unsigned char *want = fixture_pread(info.file, info.offset, info.nbytes);
+    unsigned char *got = malloc(info.nbytes ? info.nbytes : 1);
+    int ok = want && got && ferry_tensor_nbytes(t) == info.nbytes &&
+             ferry_tensor_read(f, t, 0, info.nbytes, got) == 0 &&
+             memcmp(want, got, info.nbytes) == 0;
+    free(want), free(got);
+    return ok;
+}
+
 /* Handles of every tensor F finds (ignored ones left out), in file order; *N their number.
  * free() the array. */
 static inline ferry_tensor **fixture_all_tensors(ferry *f, size_t *n)

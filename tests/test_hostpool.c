@@ -332,16 +332,6 @@ static void test_stitch_property(void)
 
 static char g_model[1200];
 
-static int same_as_file(const ferry_tensor *t)
-{
-    ferry_tensor_info info;
-    ferry_tensor_get_info(t, &info);
-    void *ref = fixture_pread(g_model, info.offset, info.nbytes);
-    int ok = ref && ferry_tensor_data(t) && memcmp(ref, ferry_tensor_data(t), info.nbytes) == 0;
-    free(ref);
-    return ok;
-}
-
 static long minor_faults(void)
 {
     struct rusage ru;
@@ -374,7 +364,7 @@ static void test_stream_reuses_pages(void)
         for (size_t i = 0; i < n; i++) {
             ok &= ferry_prepare(f, &ts[i], 1) == 0;
             if (pass == 1 || pass == 5) /* compared outside the counted passes */
-                ok &= same_as_file(ts[i]);
+                ok &= fixture_same_as_file(f, ts[i]);
             ferry_release(f, &ts[i], 1);
         }
         faults[pass] = minor_faults() - f0;

@@ -25,19 +25,6 @@ static uint64_t resident(ferry *f, int dev)
 }
 
 /* The prepared bytes of T equal the file's (no conversion). */
-static int same_as_file(ferry *f, ferry_tensor *t)
-{
-    ferry_tensor_info info;
-    ferry_tensor_get_info(t, &info);
-    unsigned char *want = fixture_pread(info.file, info.offset, info.nbytes);
-    unsigned char *got = malloc(info.nbytes ? info.nbytes : 1);
-    int ok = want && ferry_tensor_nbytes(t) == info.nbytes &&
-             ferry_tensor_read(f, t, 0, info.nbytes, got) == 0 &&
-             memcmp(want, got, info.nbytes) == 0;
-    free(want), free(got);
-    return ok;
-}
-
 /* ---- what stays resident ---------------------------------------------------------------------- */
 
 /* No host budget: a home-disk copy on the host is not kept after its last release. A prepare that
@@ -274,7 +261,7 @@ static void test_copy_failure_mid_transfer_message(void)
     CHECK(strstr(msg, "huge") != NULL);
     ferry__sim_set_faults(f->devs[sim].d, 0, 0);
     CHECK_EQ_INT(ferry_prepare(f, &t, 1), 0);
-    CHECK(same_as_file(f, t));
+    CHECK(fixture_same_as_file(f, t));
     ferry_release(f, &t, 1);
     ferry_destroy(f);
 }
@@ -346,7 +333,7 @@ static void test_lazy_part_device(void)
         fprintf(stderr, "lazy tensor on sim: part says device %d for a host pointer\n",
                 part.device);
     CHECK_EQ_INT(part.device, 0);
-    CHECK(same_as_file(f, t));
+    CHECK(fixture_same_as_file(f, t));
     ferry_release(f, &t, 1);
     ferry_destroy(f);
 }
