@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "devices/devices.h"
 
 #define FERRY__DEVICE_MARGIN (UINT64_C(256) << 20)
 
@@ -39,6 +40,7 @@ ferry *ferry_create(const ferry_options *opt)
         goto fail;
     f->devs[0].d = cpu;
     f->devs[0].budget = f->opt.host_budget;
+    ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
     f->n_devs = 1;
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
@@ -210,6 +212,7 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
             bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
         }
         f->devs[device].budget = bytes;
+        ferry__cpu_set_reuse(d, bytes != 0);
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
          * in flight hold reservations that cannot be evicted yet: they land first. */
         if (bytes) {

@@ -48,7 +48,26 @@ typedef struct cpu_device {
     pthread_mutex_t lock;         /* guards blocks, cap, n */
     cpu_block *blocks;
     size_t cap, n;
+    _Atomic int huge;             /* ferry__cpu_set_reuse: map blocks with huge pages */
 } cpu_device;
+
+/* Asks for transparent huge pages on the mapped block [P, P+LEN) (a hint: without THP, or where
+ * the kernel finds no free 2 MiB page, it maps small pages as before). */
+static void huge_pages(void *p, uint64_t len)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (len >= (UINT64_C(2) << 20))
+        (void)madvise(p, (size_t)len, MADV_HUGEPAGE);
+#else
+    (void)p, (void)len;
+#endif
+}
+
+void ferry__cpu_set_reuse(ferry_device *d, int reuse)
+{
+    if (ferry__cpu_is(d))
+        atomic_store(&((cpu_device *)d)->huge, reuse != 0);
+}
 
 static size_t slot_of(uintptr_t a, size_t cap)
 {
@@ -156,6 +175,8 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
         if (p == MAP_FAILED) {
             p = NULL;
         } else {
+            if (atomic_load(&c->huge))
+                huge_pages(p, len);
             pthread_mutex_lock(&c->lock);
             int rc = blocks_put(c, (cpu_block){.addr = (uintptr_t)p, .size = len});
             pthread_mutex_unlock(&c->lock);
@@ -420,6 +441,8 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
     }
     whole.addr = (uintptr_t)reg;
     whole.size = need;
+    if (atomic_load(&c->huge))
+        huge_pages(reg, need);
     uint64_t off = 0, part_done = 0;
     size_t moved = 0; /* parts whose bytes up to NEED have all moved */
     for (; moved < n; moved++) {

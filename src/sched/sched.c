@@ -135,3 +135,10 @@ uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k)
         return FERRY__SCHED_NONE;
     return s->order[(s->cursor + k) % s->len];
 }
+
+uint64_t ferry__sched_rank(const ferry__sched *s, uint32_t id)
+{
+    if (!s->complete || id >= s->n_ids || s->pos[id] == FERRY__SCHED_NONE)
+        return UINT64_MAX;
+    return s->len - s->pos[id];
+}

