@@ -38,7 +38,7 @@ static int write_f32(ferry_writer *w, float (*fn)(int, uint64_t), int layer, uin
     return rc;
 }
 
-/* Base: LAYERS weights of ROWS x COLS f32 (plus, with EXTRA, two 512 KiB "slow.N" tensors). */
+/* Base: LAYERS weights of ROWS x COLS f32 (plus, with EXTRA, four 512 KiB "slow.N" tensors). */
 static int write_base(const char *path, int extra)
 {
     ferry_writer *w = ferry_writer_create(FERRY_FORMAT_GGUF);
@@ -50,7 +50,7 @@ static int write_base(const char *path, int extra)
         rc = ferry_writer_add_tensor(w, nm, FERRY_DTYPE_F32, 2, shape);
     }
     int64_t big[2] = {1024, 128};
-    for (int k = 0; k < 2 * extra && !rc; k++) {
+    for (int k = 0; k < 4 * extra && !rc; k++) {
         snprintf(nm, sizeof nm, "slow.%d", k);
         rc = ferry_writer_add_tensor(w, nm, FERRY_DTYPE_F32, 2, big);
     }
@@ -58,7 +58,7 @@ static int write_base(const char *path, int extra)
         rc = ferry_writer_begin(w, path);
     for (int l = 0; l < LAYERS && !rc; l++)
         rc = write_f32(w, wval, l, ROWS * COLS);
-    for (int k = 0; k < 2 * extra && !rc; k++)
+    for (int k = 0; k < 4 * extra && !rc; k++)
         rc = write_f32(w, wval, 50 + k, 1024 * 128);
     if (!rc)
         rc = ferry_writer_finish(w);
@@ -246,9 +246,11 @@ static void test_home_only_load_across_adapter_change(void)
     ferry_policy g = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .compute_device = sim};
     CHECK_EQ_INT(ferry_group_add(f, "slow", "slow.*", &slow), 0);
     CHECK_EQ_INT(ferry_group_add(f, "g", "blk.3.*", &g), 0);
-    /* both loaders busy for about half a second each with copies to the slow sim */
-    ferry_tensor *s[2] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1")};
-    CHECK_EQ_INT(ferry_prefetch(f, s, 2), 0);
+    /* every loader (4 with io_threads 2) busy for about half a second with a copy to the slow sim */
+    ferry_tensor *s[4] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1"), ferry_find(f, "slow.2"),
+                          ferry_find(f, "slow.3")};
+    CHECK_EQ_INT(f->n_loaders, 4);
+    CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
     ferry_tensor *t = layer(f, 3);
     loader_arg la = {f, -1};
     pthread_t th;

@@ -279,14 +279,16 @@ static void test_prepare_after_failed_prefetch(void)
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .compute_device = sim};
     CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     CHECK(ferry_find(f, "no.such.tensor") == NULL); /* an old message */
-    ferry_tensor *s[2] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1")};
+    ferry_tensor *s[4] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1"), ferry_find(f, "slow.2"),
+                          ferry_find(f, "slow.3")};
     ferry_tensor *x = ferry_find(f, "x");
-    CHECK_EQ_INT(ferry_prefetch(f, s, 2), 0);
-    /* both loaders hold their allocation and copy slowly */
+    CHECK_EQ_INT(f->n_loaders, 4);
+    CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
+    /* every loader (4 with io_threads 2) holds its allocation and copies slowly */
     for (int i = 0; i < 2000; i++) {
         uint64_t allocs = 0;
         ferry__sim_counters(f->devs[sim].d, &allocs, NULL, NULL);
-        if (allocs >= 2)
+        if (allocs >= 4)
             break;
         usleep(500);
     }
@@ -456,10 +458,12 @@ int main(void)
     fixture_tensor huge = {"huge", FERRY_DTYPE_F32, 2, {4096, 2176, 0, 0}};
     if (fixture_write(g_huge, FERRY_FORMAT_GGUF, &huge, 1))
         return 2;
-    fixture_tensor slow[3] = {{"slow.0", FERRY_DTYPE_F32, 2, {1024, 256, 0, 0}},
+    fixture_tensor slow[5] = {{"slow.0", FERRY_DTYPE_F32, 2, {1024, 256, 0, 0}},
                               {"slow.1", FERRY_DTYPE_F32, 2, {1024, 256, 0, 0}},
+                              {"slow.2", FERRY_DTYPE_F32, 2, {1024, 256, 0, 0}},
+                              {"slow.3", FERRY_DTYPE_F32, 2, {1024, 256, 0, 0}},
                               {"x", FERRY_DTYPE_F32, 2, {64, 64, 0, 0}}};
-    if (fixture_write(g_slow, FERRY_FORMAT_GGUF, slow, 3))
+    if (fixture_write(g_slow, FERRY_FORMAT_GGUF, slow, 5))
         return 2;
     /* three tensors of 1020 KiB: two held leave room for the third on a 4 MiB device */
     fixture_tensor three[3] = {{"t.0", FERRY_DTYPE_F32, 2, {1024, 255, 0, 0}},

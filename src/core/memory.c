@@ -141,12 +141,12 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
  *  - of the others, the one earliest in the recorded order goes first (tensors the schedule does
  *    not hold before all).
  * Why not plain furthest-next-use (Belady): it is optimal for pages of one size, but with tensors
- * of several sizes and a prefetch window it evicts, at every wrap of the cyclic order, the copies of
- * the pass's tail it had kept, and the kept set drifts from pass to pass: on a 4 GiB model at
- * B = M/4 the bytes read per pass wandered between 3.35 and 3.75 GB around a bound of 3.56 GB, and
- * a sim device's stream copied 1-2% more than M - B + W. Keeping the schedule's tail keeps the
- * same copies every pass (measured: 3.48 GB every pass; the sim stream went from 0.90-0.93 to
- * 0.95 of its bound), and what is read each pass is one contiguous run of the order. */
+ * of several sizes and a prefetch window the set it keeps drifts from pass to pass (at every wrap
+ * of the cyclic order it evicts the copies of the pass's tail it had kept), and so does the time
+ * of a pass. Measured on `ferry run --device sim:SIZE@2GB/s --home host --budget device=M/4`: with
+ * Belady, passes of a 2 GiB model took 0.81-1.10 s in turn (median 0.90-0.97 of the bound
+ * (M - B + W) / BW) and a 4 GiB model 0.90-0.97; keeping the tail, 0.96-0.98 on both, pass
+ * after pass. */
 static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 {
     ferry_tensor *best = NULL;

@@ -1,7 +1,8 @@
 /*
  * sched.c — recording the access order of one pass and measuring next-use distances in it
- * (see sched.h). Belady's choice — evict what is used furthest in the future — is optimal, and with
- * a cyclic pattern the future is known after one pass.
+ * (see sched.h). With a cyclic pattern the future is known after one pass: eviction (memory.c
+ * pick_victim) keeps the tail of the recorded order and never takes a copy needed before the load,
+ * and prefetch reads ahead in that order.
  */
 #include <stdlib.h>
 #include <string.h>
