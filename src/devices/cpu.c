@@ -63,6 +63,26 @@ static void huge_pages(void *p, uint64_t len)
 #endif
 }
 
+/* An anonymous mapping of LEN bytes (a multiple of 4 KiB); from 2 MiB up it starts on a 2 MiB
+ * boundary, so that huge pages can back all of it. MAP_FAILED when the kernel refuses. */
+static void *map_block(uint64_t len)
+{
+    const uint64_t huge = UINT64_C(2) << 20;
+    if (len < huge || len > SIZE_MAX - huge)
+        return mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                    0);
+    unsigned char *m = mmap(NULL, (size_t)(len + huge), PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return MAP_FAILED;
+    uint64_t head = (huge - (uintptr_t)m % huge) % huge;
+    if (head)
+        munmap(m, (size_t)head);
+    if (huge - head)
+        munmap(m + head + len, (size_t)(huge - head));
+    return m + head;
+}
+
 void ferry__cpu_set_reuse(ferry_device *d, int reuse)
 {
     if (ferry__cpu_is(d))
@@ -171,7 +191,7 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
     void *p = NULL;
     if (size >= CPU_MMAP_MIN && size <= SIZE_MAX - CPU_ALIGN) {
         uint64_t len = (size + CPU_ALIGN - 1) & ~(uint64_t)(CPU_ALIGN - 1);
-        p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        p = map_block(len);
         if (p == MAP_FAILED) {
             p = NULL;
         } else {
