@@ -394,11 +394,13 @@ typedef struct ferry_policy {
 
 /* Options at creation. Zero-initialised means defaults. */
 typedef struct ferry_options {
-    uint32_t io_threads;        /* I/O workers and loader threads; 0: $FERRY_IO_THREADS, else the
-                                   online CPUs clamped to 2..4 (copies out of the page cache are
-                                   CPU work: more threads than cores made them slower; reads from
-                                   the disk keep several requests in flight per worker anyway).
-                                   ($FERRY_IO_BACKEND=threads|uring picks the I/O backend.) */
+    uint32_t io_threads;        /* I/O workers; 0: $FERRY_IO_THREADS, else the online CPUs
+                                   clamped to 2..4 (copies out of the page cache are CPU work:
+                                   more threads than cores made them slower; reads from the disk
+                                   keep several requests in flight per worker anyway). Loader
+                                   threads: as many, and at least 4 (they mostly wait for reads
+                                   and device copies). ($FERRY_IO_BACKEND=threads|uring picks the
+                                   I/O backend.) */
     uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: no limit */
     int no_schedule;            /* nonzero: never record an access order nor prefetch by it */
 } ferry_options;

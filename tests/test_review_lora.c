@@ -246,7 +246,7 @@ static void test_home_only_load_across_adapter_change(void)
     ferry_policy g = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .compute_device = sim};
     CHECK_EQ_INT(ferry_group_add(f, "slow", "slow.*", &slow), 0);
     CHECK_EQ_INT(ferry_group_add(f, "g", "blk.3.*", &g), 0);
-    /* every loader (4 with io_threads 2) busy for about half a second with a copy to the slow sim */
+    /* every loader (4 once a sim device is added) busy for about half a second copying to the sim */
     ferry_tensor *s[4] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1"), ferry_find(f, "slow.2"),
                           ferry_find(f, "slow.3")};
     CHECK_EQ_INT(f->n_loaders, 4);

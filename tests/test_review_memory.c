@@ -284,7 +284,7 @@ static void test_prepare_after_failed_prefetch(void)
     ferry_tensor *x = ferry_find(f, "x");
     CHECK_EQ_INT(f->n_loaders, 4);
     CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
-    /* every loader (4 with io_threads 2) holds its allocation and copies slowly */
+    /* every loader (4 once a sim device is added) holds its allocation and copies slowly */
     for (int i = 0; i < 2000; i++) {
         uint64_t allocs = 0;
         ferry__sim_counters(f->devs[sim].d, &allocs, NULL, NULL);

@@ -214,7 +214,7 @@ struct ferry {
 
     ferry__io *io;
     pthread_t *loaders;
-    unsigned n_loaders;
+    unsigned n_loaders, cap_loaders; /* started; room in loaders (set at create) */
     ferry__job *queue_head, *queue_tail;
     ferry__job *free_jobs;
     unsigned running;         /* jobs being executed */
@@ -309,5 +309,7 @@ int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((fo
 /* residency.c */
 int ferry__loaders_start(ferry *f);
 void ferry__loaders_stop(ferry *f);
+/* Raises the loaders to the number a device the host cannot read wants (residency.c). Lock held. */
+void ferry__loaders_for_device(ferry *f);
 
 #endif

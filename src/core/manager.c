@@ -161,6 +161,8 @@ static int add_device(ferry *f, ferry_device *d, int rc, const char *spec, const
         f->n_devs = n + 1;
         if (id)
             *id = n;
+        if (!d->host_accessible)
+            ferry__loaders_for_device(f);
     }
     pthread_mutex_unlock(&f->lock);
     return rc;

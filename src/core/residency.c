@@ -764,23 +764,39 @@ static void *loader_main(void *arg)
     return NULL;
 }
 
-int ferry__loaders_start(ferry *f)
+/* Loaders: as many as I/O workers (at least 2), and at least FERRY__DEVICE_LOADERS once a device
+ * the host cannot read is added (ferry__loaders_for_device). Each loader has one tensor in flight
+ * at a time and, copying to a device, waits for its last chunks before it takes the next tensor:
+ * with 2 loaders a sim link at 2 GB/s idled 3-5 ms at every layer (2 GiB model, device budget
+ * M/4: 1.02 s a pass with 2 loaders, 0.95 s with 4). Host-only managers keep fewer: with 4, a
+ * warm private copy of the 2 GiB model ran at 0.78-0.99 of its limit against 0.79-0.98 with 2
+ * (medians 0.80 and 0.88; the loaders' mmap and munmap contend with the page faults of the copies). */
+#define FERRY__DEVICE_LOADERS 4u
+
+static int loaders_add(ferry *f, unsigned want)
 {
-    /* As many loaders as I/O workers, and at least 4: each loader has one tensor in flight at a
-     * time and, copying to a device, waits for its last chunks before it takes the next tensor;
-     * with 2 loaders a sim link at 2 GB/s idled 3-5 ms at every layer (measured: 2 GiB model,
-     * device budget M/4, 1.02 s a pass with 2 loaders, 0.95 s with 4). Loaders mostly wait, so
-     * more of them than cores costs little. */
-    unsigned n = f->opt.io_threads < 4 ? 4 : f->opt.io_threads;
-    f->loaders = calloc(n, sizeof *f->loaders);
-    if (!f->loaders)
-        return FERRY_ENOMEM;
-    for (unsigned i = 0; i < n; i++) {
+    for (unsigned i = f->n_loaders; i < want && i < f->cap_loaders; i++) {
         if (pthread_create(&f->loaders[i], NULL, loader_main, f) != 0)
             return FERRY_ENOMEM;
         f->n_loaders = i + 1;
     }
     return 0;
+}
+
+int ferry__loaders_start(ferry *f)
+{
+    unsigned n = f->opt.io_threads < 2 ? 2 : f->opt.io_threads;
+    f->cap_loaders = n < FERRY__DEVICE_LOADERS ? FERRY__DEVICE_LOADERS : n;
+    f->loaders = calloc(f->cap_loaders, sizeof *f->loaders);
+    if (!f->loaders)
+        return FERRY_ENOMEM;
+    return loaders_add(f, n);
+}
+
+void ferry__loaders_for_device(ferry *f)
+{
+    /* a refusal only costs speed: the loaders already there do the work */
+    (void)loaders_add(f, FERRY__DEVICE_LOADERS);
 }
 
 void ferry__loaders_stop(ferry *f)

@@ -4,7 +4,8 @@
  *
  * One run measures, alternating a limit and a ferry load so that drift (other processes, the
  * host's page reporting) hits both alike:
- *   limit  O_DIRECT read of the file (best of 1/2/4/8 readers x 64/16 MiB requests)
+ *   limit  O_DIRECT read of the file (best of 1/2/4/8 readers x 64/16 MiB requests, into reused
+ *          buffers backed by huge pages: see limits.h)
  *   ferry  cold load, home host, load DIRECT (a private copy)
  *   limit  first touch of fresh anonymous memory of the model's size (best of 1 and 2 threads)
  *   ferry  cold load, load AUTO (ferry's choice: zero-copy, the mapping populated)
