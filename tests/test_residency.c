@@ -279,7 +279,11 @@ static void test_budget_and_eviction(void)
     /* eviction on the recorded order: M - B + W, W = the tensor in use + the one prefetched (and
      * the page of headroom each buffer has for direct I/O) */
     uint64_t w = 2 * 139264 + n * 8192;
-    for (int pass = 1; pass < 6; pass++)
+    /* The second pass reads its own first tensors on demand (no schedule during the first pass,
+     * so nothing was fetched ahead for it) and already fetches the third pass's: up to two
+     * windows more than a pass in the steady state. */
+    CHECK(per_pass[1] <= model - budget + w + 4 * 139264);
+    for (int pass = 2; pass < 6; pass++)
         CHECK(per_pass[pass] <= model - budget + w);
     fprintf(stderr, "budget M/2: bytes per pass %llu %llu %llu %llu %llu %llu of M=%llu\n",
             (unsigned long long)per_pass[0], (unsigned long long)per_pass[1],

@@ -138,6 +138,8 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 /* The cached copy on DEV to evict, or NULL when none. Before a schedule exists: the least recently
  * used. With one, only copies used later than MIN_DIST prepares from now qualify, and
  *  - copies fetched ahead and not used yet go last, furthest next use first;
+ *  - while prefetch_ahead fetches a second set (evict_this_pass), only copies loaded in this
+ *    pass qualify;
  *  - of the others, the one earliest in the recorded order goes first (tensors the schedule does
  *    not hold before all).
  * Why not plain furthest-next-use (Belady): it is optimal for pages of one size, but with tensors
@@ -157,6 +159,8 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
         const ferry__copy *c = &t->comp;
         if (c->state != FERRY__READY || c->permanent || c->mapped || c->dev != dev ||
             t->refs > 0 || !c->mem.base)
+            continue;
+        if (f->evict_this_pass && c->pass != f->sched.passes)
             continue;
         uint64_t score;
         if (sched) {
