@@ -627,6 +627,10 @@ static int fault_case(uint64_t malloc_nth, uint64_t copy_nth, int mode, uint64_t
     fc_delay(20);
     int fired = rc != 0;
     if (rc) {
+        if (rc != code)
+            fprintf(stderr, "fault case malloc %llu copy %llu mode %d host %llu: rc %d '%s'\n",
+                    (unsigned long long)malloc_nth, (unsigned long long)copy_nth, mode,
+                    (unsigned long long)host_nth, rc, ferry_errmsg(f));
         CHECK_EQ_INT(rc, code);
         /* a failed prepare returns once its loads have settled: none writes its message later */
         CHECK_EQ_INT(after.copies_done, after.copies);

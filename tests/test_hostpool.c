@@ -2,7 +2,7 @@
  * test_hostpool.c — the cpu device's page stitching (ferry__cpu_stitch) and the host pool built on
  * it: contents move with their pages, fresh pages read zero, rests stay blocks of their own,
  * refusals touch nothing, no mapping leaks; and a model streamed through a host budget faults in
- * no fresh pages once the budget's worth has been touched.
+ * no fresh pages once the budget's worth has been touched; reused blocks are advised huge pages.
  *
  * The property test tags every page with a number at its first byte and keeps a model of which
  * tags each block should hold, page by page, through a few hundred random cuts and joins.
@@ -396,6 +396,75 @@ static void test_stream_reuses_pages(void)
     ferry_destroy(f);
 }
 
+/* 1 when the mapping holding P has FLAG among its VmFlags (/proc/self/smaps), 0 when not, -1 when
+ * smaps cannot tell (no procfs, or no VmFlags line). */
+static int vma_flag(const void *p, const char *flag)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[512];
+    int in = 0, found = -1;
+    uintptr_t a = (uintptr_t)p;
+    while (found < 0 && fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            size_t wl = strlen(want);
+            found = 0;
+            for (const char *q = line + 8; (q = strstr(q, want)) != NULL; q += wl)
+                if (q[wl] == ' ' || q[wl] == '\n' || q[wl] == 0)
+                    found = 1;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+static void test_huge_page_advice(void)
+{
+    /* blocks of 2 MiB and more start on a 2 MiB boundary; they are advised huge pages (VmFlags
+     * "hg") only while the device's blocks are reused: a budget set through the manager */
+    const uint64_t huge = UINT64_C(2) << 20;
+    ferry *f = ferry_create(NULL);
+    ferry_device *d = f->devs[0].d;
+    void *plain = NULL, *reused = NULL, *small = NULL;
+    CHECK_EQ_INT(d->ops->alloc(d, 3 * huge + 4096, &plain), 0);
+    CHECK_EQ_INT((long long)((uintptr_t)plain % huge), 0);
+    CHECK_EQ_INT(ferry_set_budget(f, 0, 64 * huge), 0);
+    CHECK_EQ_INT(d->ops->alloc(d, 3 * huge + 4096, &reused), 0);
+    CHECK_EQ_INT((long long)((uintptr_t)reused % huge), 0);
+    CHECK_EQ_INT(d->ops->alloc(d, huge / 2, &small), 0);
+    int hg_plain = vma_flag(plain, "hg"), hg_reused = vma_flag(reused, "hg");
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (thp)
+        fclose(thp);
+    if (hg_plain < 0 || hg_reused < 0 || !thp) {
+        fprintf(stderr, "huge page advice: no VmFlags in /proc/self/smaps or no THP in this "
+                        "kernel, not checked\n");
+    } else {
+        CHECK_EQ_INT(hg_plain, 0);
+        CHECK_EQ_INT(hg_reused, 1);
+        CHECK_EQ_INT(vma_flag(small, "hg"), 0); /* under 2 MiB: no advice */
+    }
+    /* the bytes are there whatever the page size */
+    memset(reused, 0x5a, 3 * huge + 4096);
+    CHECK(((unsigned char *)reused)[3 * huge + 4095] == 0x5a);
+    d->ops->free(d, plain);
+    d->ops->free(d, reused);
+    d->ops->free(d, small);
+    CHECK_EQ_INT(ferry_set_budget(f, 0, 0), 0);
+    void *again = NULL;
+    CHECK_EQ_INT(d->ops->alloc(d, 3 * huge, &again), 0);
+    if (vma_flag(again, "hg") >= 0)
+        CHECK_EQ_INT(vma_flag(again, "hg"), 0); /* no budget: no reuse, no advice */
+    d->ops->free(d, again);
+    ferry_destroy(f);
+}
+
 int main(void)
 {
     const char *dir = check_tmpdir("hostpool");
@@ -410,5 +479,6 @@ int main(void)
     test_stitch_basics();
     test_stitch_property();
     test_stream_reuses_pages();
+    test_huge_page_advice();
     return check_finish();
 }

@@ -144,8 +144,11 @@ static int ctx_alloc(ferry_device *pin, unsigned char **p, uint64_t bytes)
 {
     if (*p)
         return 0;
-    if (pin)
-        return ferry__device_host_alloc(pin, bytes, (void **)p) ? FERRY_ENOMEM : 0;
+    if (pin) {
+        /* the device's code: FERRY_ENOMEM, or FERRY_EDEVICE when it failed (a lost context) */
+        int rc = ferry__device_host_alloc(pin, bytes, (void **)p);
+        return rc < 0 ? rc : rc ? FERRY_ENOMEM : 0;
+    }
     return posix_memalign((void **)p, FERRY__IO_ALIGN, bytes) ? FERRY_ENOMEM : 0;
 }
 
@@ -257,8 +260,9 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
         char why[256] = "host memory";
         if (lc->pin_failed)
             ferry__device_errmsg(lc->pin_failed, why, sizeof why);
-        return ferry__fail(e, rc, "%s: tensor '%s': out of memory for staging buffers (%s)",
-                           d->name, t->info.name, why);
+        return ferry__fail(e, rc, "%s: tensor '%s': %s staging buffers (%s)", d->name,
+                           t->info.name,
+                           rc == FERRY_ENOMEM ? "out of memory for" : "cannot allocate", why);
     }
     int slot = 0;
     for (uint64_t el = 0; el < n && !rc; el += step, slot ^= 1) {

@@ -455,7 +455,10 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
     if (e) {
         rt.GetLastError();
         char a[32];
-        return ferry__device_fail(d, FERRY_ENOMEM, "%s: cudaHostAlloc of %s failed: %s", d->name,
+        /* a lost context (a sticky error from any earlier call) is the device's failure, not a
+         * lack of memory */
+        return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
+                                  "%s: cudaHostAlloc of %s failed: %s", d->name,
                                   ferry__fmt_size(size, a), cuda_str(e));
     }
     pthread_mutex_lock(&pin_lock);
