@@ -167,8 +167,12 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
             score = ferry__sched_distance(&f->sched, t->uid);
             if (score <= min_dist)
                 continue;
-            if (!c->ahead)
-                score = UINT64_MAX / 2 + ferry__sched_rank(&f->sched, t->uid) / 2;
+            if (!c->ahead) {
+                /* above every distance; tensors the schedule does not hold (rank UINT64_MAX)
+                 * above all */
+                uint64_t r = ferry__sched_rank(&f->sched, t->uid);
+                score = UINT64_MAX / 2 + (r > UINT64_MAX / 2 ? UINT64_MAX / 2 : r);
+            }
         } else {
             score = f->clock - c->last_use + 1;
         }

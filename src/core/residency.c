@@ -657,12 +657,14 @@ static void prefetch_ahead(ferry *f)
             continue;
         if (ahead >= window)
             break;
+        /* a tensor that starts past the first set's bytes belongs to the second set: it makes
+         * room only from copies streamed in this pass, never from the cached part the budget
+         * keeps (that would be read again next pass) */
+        int second = ahead >= first;
         ahead += t->out_bytes;
         if (t->comp.state != FERRY__EMPTY)
             continue;
-        /* the second set makes room only from copies streamed in this pass, never from the
-         * cached part the budget keeps (that would be read again next pass) */
-        f->evict_this_pass = ahead > first;
+        f->evict_this_pass = second;
         ferry__err saved = f->err;
         int rc = enqueue(f, t, 0, 1, k);
         f->err = saved; /* a hint that does not fit is no error */
