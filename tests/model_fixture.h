@@ -172,4 +172,17 @@ static inline ferry_tensor **fixture_all_tensors(ferry *f, size_t *n)
     return ts;
 }
 
+/* Opens PATH in F, puts every tensor in one group "all" under policy P and returns
+ * fixture_all_tensors (free() it); NULL, with a message, when the open or the group fails. */
+static inline ferry_tensor **fixture_open_all(ferry *f, const char *path, const ferry_policy *p,
+                                              size_t *n)
+{
+    *n = 0;
+    if (ferry_open(f, path, NULL) || ferry_group_add(f, "all", "*", p)) {
+        fprintf(stderr, "%s: %s\n", path, ferry_errmsg(f));
+        return NULL;
+    }
+    return fixture_all_tensors(f, n);
+}
+
 #endif

@@ -81,18 +81,26 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
     CHECK(ps && ps->type == FERRY__JSON_ARRAY && ps->n >= 3);
 }
 
+/* Parses the last command's stdout into DOC (free with ferry__json_free); 0, or the parser's
+ * code after printing what did not parse. */
+static int parse_stdout(ferry__json *doc)
+{
+    ferry__err e;
+    ferry__err_clear(&e);
+    memset(doc, 0, sizeof *doc);
+    int rc = ferry__json_parse(out_text, out_len, "stdout", doc, &e);
+    if (rc)
+        fprintf(stderr, "JSON does not parse: %s\n%s\n%s\n", e.msg, out_text, err_text);
+    return rc;
+}
+
 static void test_json(const char *model_path)
 {
     CHECK_EQ_INT(run("bench --quick --json '%s'", model_path), 0);
     if (*err_text)
         fprintf(stderr, "stderr: %s\n", err_text);
     ferry__json doc;
-    ferry__err e;
-    ferry__err_clear(&e);
-    memset(&doc, 0, sizeof doc);
-    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
-    if (rc)
-        fprintf(stderr, "JSON does not parse: %s\n%s\n", e.msg, out_text);
+    int rc = parse_stdout(&doc);
     CHECK_EQ_INT(rc, 0);
     if (rc)
         return;
@@ -127,10 +135,7 @@ static void test_device(const char *model_path)
 {
     CHECK_EQ_INT(run("bench --quick --json --device sim:256MiB@4GB/s '%s'", model_path), 0);
     ferry__json doc;
-    ferry__err e;
-    ferry__err_clear(&e);
-    memset(&doc, 0, sizeof doc);
-    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
+    int rc = parse_stdout(&doc);
     CHECK_EQ_INT(rc, 0);
     if (rc)
         return;
@@ -153,12 +158,7 @@ static void test_split(const char *model_path, const char *spec, int with_cpu)
 {
     CHECK_EQ_INT(run("bench --quick --json --split %s '%s'", spec, model_path), 0);
     ferry__json doc;
-    ferry__err e;
-    ferry__err_clear(&e);
-    memset(&doc, 0, sizeof doc);
-    int rc = ferry__json_parse(out_text, out_len, "stdout", &doc, &e);
-    if (rc)
-        fprintf(stderr, "JSON does not parse: %s\n%s\n%s\n", e.msg, out_text, err_text);
+    int rc = parse_stdout(&doc);
     CHECK_EQ_INT(rc, 0);
     if (rc)
         return;

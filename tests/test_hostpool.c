@@ -344,11 +344,10 @@ static void test_stream_reuses_pages(void)
     /* home disk, host budget of 40% of the model, tensors of many sizes (none the same as the
      * one evicted for it): after the first passes every buffer is made of pages touched before */
     ferry *f = ferry_create(NULL);
-    CHECK_EQ_INT(ferry_open(f, g_model, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_model, &p, &n);
+    CHECK(ts != NULL);
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     uint64_t budget = model * 2 / 5;
     CHECK_EQ_INT(ferry_set_budget(f, 0, budget), 0);

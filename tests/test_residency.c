@@ -53,11 +53,10 @@ static void test_every_mode(const char *path, const char *dev_spec)
             CHECK(f != NULL);
             if (strcmp(dev_spec, "cpu") != 0)
                 CHECK_EQ_INT(ferry_add_device(f, dev_spec, &dev), 0);
-            CHECK_EQ_INT(ferry_open(f, path, NULL), 0);
             ferry_policy p = {.home = homes[h], .compute_device = dev, .load = loads[l]};
-            CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
             size_t n;
-            ferry_tensor **ts = fixture_all_tensors(f, &n);
+            ferry_tensor **ts = fixture_open_all(f, path, &p, &n);
+            CHECK(ts != NULL);
             CHECK_EQ_INT(n, g_n);
             for (int pass = 0; pass < 2; pass++) {
                 int rc = ferry_prepare(f, ts, n);
@@ -253,11 +252,10 @@ static void test_budget_and_eviction(void)
 {
     /* home disk, host budget of half the model: passes after the first read about M - B + W */
     ferry *f = ferry_create(NULL);
-    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_big, &p, &n);
+    CHECK(ts != NULL);
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     uint64_t budget = model / 2;
     CHECK_EQ_INT(ferry_set_budget(f, 0, budget), 0);
@@ -310,11 +308,10 @@ static void test_sim_faults(void)
     ferry *f = ferry_create(NULL);
     int sim;
     CHECK_EQ_INT(ferry_add_device(f, "sim:64MiB", &sim), 0);
-    CHECK_EQ_INT(ferry_open(f, g_gguf, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_HOST, .compute_device = sim, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_gguf, &p, &n);
+    CHECK(ts != NULL);
     ferry_device *d = f->devs[sim].d;
     int failures = 0;
     for (uint64_t k = 1; k <= n + 2; k++) {

@@ -70,11 +70,10 @@ static void test_failed_prepare_keeps_nothing(void)
 static void test_budget_lifted(void)
 {
     ferry *f = ferry_create(NULL);
-    CHECK_EQ_INT(ferry_open(f, g_model, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_model, &p, &n);
+    CHECK(ts != NULL);
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     CHECK_EQ_INT(ferry_set_budget(f, 0, model / 2), 0);
     for (int pass = 0; pass < 3; pass++)

@@ -99,11 +99,10 @@ static void *stream_thread(void *arg)
 static void test_group_add_while_loading(void)
 {
     ferry *f = ferry_create(NULL);
-    CHECK_EQ_INT(ferry_open(f, g_model, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_model, &p, &n);
+    CHECK(ts != NULL);
     stream_arg sa = {f, ts, n, 0, 0, 0};
     pthread_t th;
     pthread_create(&th, NULL, stream_thread, &sa);
@@ -144,11 +143,10 @@ static void *event_thread(void *arg)
 static void test_trace_restart(void)
 {
     ferry *f = ferry_create(NULL);
-    CHECK_EQ_INT(ferry_open(f, g_model, NULL), 0);
     ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
     size_t n;
-    ferry_tensor **ts = fixture_all_tensors(f, &n);
+    ferry_tensor **ts = fixture_open_all(f, g_model, &p, &n);
+    CHECK(ts != NULL);
     stream_arg sa = {f, ts, n, 20, 0, 0};
     event_arg ea = {f, 0};
     pthread_t th, te;
