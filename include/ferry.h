@@ -353,7 +353,9 @@ typedef enum ferry_home {
 } ferry_home;
 
 typedef enum ferry_load {
-    FERRY_LOAD_AUTO = 0,   /* direct reads for data not in the page cache, mapping otherwise */
+    FERRY_LOAD_AUTO = 0,   /* zero-copy where MMAP would be and the tensor is mostly in the page
+                              cache when bound; else a private copy, read with O_DIRECT where
+                              the bytes are not cached */
     FERRY_LOAD_MMAP = 1,   /* read-only private mapping; zero-copy where possible */
     FERRY_LOAD_READ = 2,   /* buffered pread in large chunks */
     FERRY_LOAD_DIRECT = 3, /* O_DIRECT into aligned buffers */
@@ -522,7 +524,11 @@ FERRY_API int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_
  * tensors (embedding tables); works for any tensor. */
 FERRY_API int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, void *dst);
 
-/* Eagerly loads every tensor of group NAME (NULL: all groups) to its home. */
+/* Eagerly loads every tensor of group NAME (NULL: all groups) to its home, and returns when all
+ * are there. Private host copies of neighbouring tensors are read as one range of the file into
+ * one mapping (huge pages, faulted in ahead of the reads by a thread of the call's own), so a
+ * load runs at the disk's speed. Fails on the first error (FERRY_EIO naming the file, tensor and
+ * range; FERRY_EBUDGET); what did load stays loaded and the manager stays usable. */
 FERRY_API int ferry_load_group(ferry *f, const char *group);
 
 /* ---------------------------------------------------------------------------------------------

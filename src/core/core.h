@@ -12,6 +12,7 @@
 #define FERRY_CORE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "ferry.h"
@@ -24,8 +25,12 @@
 #include "util/util.h"
 
 #define FERRY__HOST 0 /* device id of the host (cpu) */
+/* FERRY_LOAD_AUTO serves a tensor from the mapping when at least this fraction of its pages is in
+ * the page cache when it is bound; else it reads a private copy */
+#define FERRY__AUTO_MAP_CACHED 0.5
 
 typedef struct ferry__trace ferry__trace;
+typedef struct ferry__arena ferry__arena; /* arena.c: one mapping for a group load's host copies */
 
 typedef struct ferry__group {
     char *name;
@@ -39,10 +44,11 @@ typedef struct ferry__rule {
     int group; /* index into groups */
 } ferry__rule;
 
-/* A block of memory on one device, whole or carved from an arena chunk. */
+/* A block of memory on one device: allocated by it, or a slice of a group load's arena. */
 typedef struct ferry__mem {
     void *base;       /* what the device allocated (NULL: none) */
     uint64_t size;    /* bytes accounted to the device */
+    ferry__arena *arena; /* base lies in this arena (a reference), not allocated by the device */
 } ferry__mem;
 
 typedef enum ferry__state {
@@ -127,6 +133,8 @@ struct ferry_tensor {
 
     int populating;           /* a job is reading its mapped range into the page cache */
     int populated;            /* that was done once */
+    ferry__arena *arena;      /* a group load placed its file copy here (not yet queued) */
+    int arena_copy;           /* which copy that is: FERRY__ARENA_COMP or FERRY__ARENA_HOST */
 
     int refs;                 /* prepares minus releases */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
@@ -297,6 +305,61 @@ int ferry__rebind_all(ferry *f, int check_only);
 int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t for_distance, ferry__mem *out);
 /* Counts SIZE bytes against DEV's budget without memory behind them (cached LoRA factors). */
 int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out);
+
+/* arena.c — a group load's private host copies of neighbouring tensors of one file share one
+ * mapping, laid out as in the file, read as whole ranges of the file while a toucher thread
+ * faults the mapping in ahead of the reads. */
+enum { FERRY__ARENA_COMP = 1, FERRY__ARENA_HOST = 2 };
+typedef struct ferry__arena_read {
+    ferry__ioreq req;
+    size_t first, end;    /* it fills the copies of ts[first..end) (those claimed) */
+    int status;
+    struct ferry__arena_load *load;
+} ferry__arena_read;
+struct ferry__arena {
+    const ferry__iofile *file;
+    ferry_load mode;      /* of the run's tensors' policies */
+    uint64_t file_start;  /* file offset of base (page-aligned) */
+    uint64_t len;         /* bytes from base that copies use */
+    unsigned char *map;   /* the mapping, map_len bytes; base is its first 2 MiB boundary */
+    size_t map_len;
+    unsigned char *base;
+    uint32_t refs;        /* copies placed in it, plus one while its load runs */
+    ferry_tensor **ts;    /* the tensors placed in it, in file order (n); the load's */
+    unsigned char *claimed; /* ts[i]'s copy is LOADING from this arena's reads */
+    size_t n;
+    ferry__arena_read *reads; /* one per range of claimed neighbours (n_reads, at most n) */
+    size_t n_reads;
+    ferry__arena *next;   /* the load's list */
+};
+typedef struct ferry__arena_load {
+    ferry__arena *list;
+    pthread_t toucher;
+    atomic_int stop;
+    int started;
+    pthread_mutex_t m;    /* reads_left, and the wake-up when it reaches 0 */
+    pthread_cond_t c;
+    size_t reads_left;
+} ferry__arena_load;
+/* Places each tensor of TS with arena_copy set in an arena, for runs of neighbouring tensors of
+ * one file and one load mode large enough to be worth it; *OUT is the list made (NULL: none).
+ * Never fails: without memory for an arena the tensors get buffers of their own. */
+void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena **out);
+/* Reserves SIZE host bytes (the budget applies) for ts[i]'s copy at its place and points *M
+ * there; the copy then holds a reference to the arena. */
+int ferry__arena_take(ferry *f, ferry__arena *a, size_t i, uint64_t size, ferry__mem *m);
+/* Makes A's reads: one per range of claimed tensors whose pages touch. */
+void ferry__arena_ranges(ferry__arena *a);
+/* Makes LIST the load's arenas; with TOUCH, starts the toucher over their reads' destinations
+ * (none when the thread cannot start). */
+void ferry__arena_begin(ferry__arena_load *L, ferry__arena *list, int touch);
+/* Stops and joins the toucher, forgets the places of tensors never claimed, drops the load's
+ * references. */
+void ferry__arena_end(ferry__arena_load *L);
+/* Drops one reference; the last unmaps the arena. */
+void ferry__arena_release(ferry__arena *a);
+/* Returns the pages that hold only bytes of [PTR, PTR+N) to the system. */
+void ferry__arena_trim(const void *ptr, uint64_t n);
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
 void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);

@@ -111,13 +111,17 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     ferry__dev *D = &f->devs[dev];
     if (!m->size && !m->base)
         return;
-    if (!(m->base && D->budget && pool_put(f, dev, m->base, m->size))) {
+    if (m->arena) {
+        D->used -= m->size;
+        ferry__arena_release(m->arena);
+    } else if (!(m->base && D->budget && pool_put(f, dev, m->base, m->size))) {
         if (m->base)
             dev_free(f, dev, m->base);
         D->used -= m->size;
     }
     m->base = NULL;
     m->size = 0;
+    m->arena = NULL;
 }
 
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
@@ -127,9 +131,10 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
 
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
-    (void)t;
     if (c->locked && c->ptr)
         ferry__host_unlock(c->ptr, c->locked);
+    if (c->mem.arena)
+        ferry__arena_trim(c->ptr, t->info.nbytes); /* its neighbours may stay: free its pages now */
     if (c->mem.base || c->mem.size)
         give_back(f, c->dev, &c->mem);
     memset(c, 0, sizeof *c);

@@ -88,6 +88,8 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
     double t0 = ferry__tracing(f) ? ferry__now() : 0;
     if (len < FERRY__PARALLEL_READ || !f->io) {
         rc = ferry__io_read(t->file, abs, len, dst, mode, e);
+        if (rc)
+            ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
     } else {
         sync_wait w = {.done = 0, .status = 0};
         pthread_mutex_init(&w.m, NULL);
@@ -858,9 +860,211 @@ static int usable(ferry *f, ferry_tensor *t)
     return ferry__check_expect(f, t);
 }
 
+/* ---- group loads through arenas (arena.c) ----------------------------------------------------- */
+
+/* Which copy of T a load reads from its file, as it is, into private host memory (as needs()
+ * decides): FERRY__ARENA_COMP, FERRY__ARENA_HOST, or 0 for none. Only for direct reads: a
+ * buffered read copies out of the page cache faster than fresh huge pages fault in (measured:
+ * ferry bench's warm private copy fell from 0.86 to 0.40 of its limit with an arena). */
+static int file_copy(ferry *f, ferry_tensor *t)
+{
+    ferry_load load = ferry__policy_of(f, t)->load;
+    if (t->lazy || t->zero_copy || t->parent || t->n_parts ||
+        (load != FERRY_LOAD_DIRECT && load != FERRY_LOAD_AUTO) ||
+        ferry__effective_home(f, t) != FERRY_HOME_HOST)
+        return 0;
+    if (host_side(f, t->compute_dev) && !t->merge)
+        return t->comp.state == FERRY__EMPTY && t->host.state == FERRY__EMPTY &&
+                       !ferry__transformed(t)
+                   ? FERRY__ARENA_COMP
+                   : 0;
+    return t->host.state == FERRY__EMPTY ? FERRY__ARENA_HOST : 0;
+}
+
+/* Marks the file copy of A's tensor I LOADING at its place, as enqueue does for a job (the same
+ * reservation against the budget, the same states); 1 when claimed, 0 when the tensor needs
+ * something else or does not fit (then bring_wait queues a job for it, which reports what). */
+static int arena_claim(ferry *f, ferry__arena *a, size_t i)
+{
+    ferry_tensor *t = a->ts[i];
+    int want = t->arena_copy == FERRY__ARENA_COMP ? FILL_COMP : FILL_HOST;
+    if (f->closing || t->populating || needs(f, t, 1) != want)
+        return 0;
+    ferry__copy *c = want == FILL_COMP ? &t->comp : &t->host;
+    ferry__mem m;
+    ferry__err saved = f->err;
+    if (ferry__arena_take(f, a, i, ferry__host_alloc_size(t, 0), &m)) {
+        f->err = saved;
+        return 0;
+    }
+    c->mem = m;
+    c->ptr = (unsigned char *)m.base + t->info.offset % FERRY__IO_ALIGN;
+    c->state = FERRY__LOADING;
+    c->status = 0;
+    t->load_gen++;
+    t->used = 1;
+    t->failed_prefetch = 0;
+    return 1;
+}
+
+static void arena_read_done(void *ud, int status)
+{
+    ferry__arena_read *r = ud;
+    ferry__arena_load *L = r->load;
+    pthread_mutex_lock(&L->m);
+    r->status = status;
+    if (--L->reads_left == 0)
+        pthread_cond_signal(&L->c);
+    pthread_mutex_unlock(&L->m);
+}
+
+/* Issues every read of L's arenas at once on the I/O pool and waits for them; then locks the
+ * copies whose policy asks for it. Lock not held: the claimed copies are LOADING, this load's. */
+static void arena_read(ferry *f, ferry__arena_load *L)
+{
+    double t0 = ferry__tracing(f) ? ferry__now() : 0;
+    pthread_mutex_init(&L->m, NULL);
+    pthread_cond_init(&L->c, NULL);
+    L->reads_left = 0;
+    for (ferry__arena *a = L->list; a; a = a->next)
+        for (size_t k = 0; k < a->n_reads; k++) {
+            ferry__arena_read *r = &a->reads[k];
+            r->req.done = arena_read_done;
+            r->req.ud = r;
+            r->load = L;
+            if (!f->io) {
+                ferry__err e;
+                ferry__err_clear(&e);
+                r->status = ferry__io_read(a->file, r->req.offset, r->req.len, r->req.dst,
+                                           r->req.mode, &e);
+                r->req.err_offset = r->req.offset;
+                size_t len = strnlen(e.msg, sizeof r->req.errmsg - 1);
+                memcpy(r->req.errmsg, e.msg, len);
+                r->req.errmsg[len] = 0;
+                continue;
+            }
+            pthread_mutex_lock(&L->m);
+            L->reads_left++;
+            pthread_mutex_unlock(&L->m);
+            /* a read may complete (and set its status) before submit returns */
+            int refused = ferry__io_submit(f->io, &r->req);
+            if (refused) {
+                pthread_mutex_lock(&L->m);
+                r->status = refused;
+                L->reads_left--;
+                pthread_mutex_unlock(&L->m);
+            }
+        }
+    pthread_mutex_lock(&L->m);
+    while (L->reads_left)
+        pthread_cond_wait(&L->c, &L->m);
+    pthread_mutex_unlock(&L->m);
+    pthread_cond_destroy(&L->c);
+    pthread_mutex_destroy(&L->m);
+    for (ferry__arena *a = L->list; a; a = a->next)
+        for (size_t k = 0; k < a->n_reads; k++) {
+            ferry__arena_read *r = &a->reads[k];
+            if (r->status)
+                continue;
+            add_stat(&f->a_bytes_read, r->req.len);
+            for (size_t i = r->first; i < r->end; i++) {
+                ferry_tensor *t = a->ts[i];
+                ferry__copy *c = t->arena_copy == FERRY__ARENA_COMP ? &t->comp : &t->host;
+                if (a->claimed[i])
+                    lock_copy(f, ferry__policy_of(f, t)->lock, c, t->info.nbytes);
+            }
+            if (t0)
+                ferry__trace_addf(f, "io", t0, ferry__now(), "read %s and on",
+                                  a->ts[r->first]->info.name);
+        }
+}
+
+/* Makes the claimed copies READY, or EMPTY with the error when their read failed; the first
+ * failure becomes the manager's message and the return value. Lock held. */
+static int arena_settle(ferry *f, ferry__arena_load *L)
+{
+    int rc = 0;
+    for (ferry__arena *a = L->list; a; a = a->next)
+        for (size_t k = 0; k < a->n_reads; k++) {
+            const ferry__arena_read *r = &a->reads[k];
+            for (size_t i = r->first; i < r->end; i++) {
+                ferry_tensor *t = a->ts[i];
+                if (!a->claimed[i])
+                    continue;
+                ferry__copy *c = t->arena_copy == FERRY__ARENA_COMP ? &t->comp : &t->host;
+                if (!r->status) {
+                    c->state = FERRY__READY;
+                    c->pass = f->sched.passes;
+                    c->last_use = ++f->clock;
+                    c->epoch = f->lora_epoch;
+                    continue;
+                }
+                if (c->locked)
+                    ferry__host_unlock(c->ptr, c->locked);
+                ferry__unreserve(f, FERRY__HOST, &c->mem);
+                memset(c, 0, sizeof *c);
+                c->dev = FERRY__HOST;
+                c->status = r->status;
+                if (!rc) {
+                    /* name the tensor whose bytes the failed read was to bring */
+                    for (size_t j = r->first; j < r->end; j++)
+                        if (a->claimed[j] && a->ts[j]->info.offset + a->ts[j]->info.nbytes >
+                                                 r->req.err_offset) {
+                            t = a->ts[j];
+                            break;
+                        }
+                    rc = ferry__fail(&f->err, r->status, "tensor '%s': %s", t->info.name,
+                                     r->req.errmsg[0] ? r->req.errmsg
+                                                      : ferry_strerror(r->status));
+                    ferry__fail_append(&f->err, 0, "(one read of %llu bytes for %zu tensors)",
+                                       (unsigned long long)r->req.len, r->end - r->first);
+                }
+            }
+        }
+    pthread_cond_broadcast(&f->cond);
+    return rc;
+}
+
+static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
+                      int from_prepare);
+
 /* Waits until every tensor of TS has its comp copy READY, queuing loads as needed. Lock held.
- * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). */
+ * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). A group
+ * load (HOME_ONLY, not FROM_PREPARE) first reads the private host copies of runs of neighbouring
+ * tensors as whole ranges of their files into arenas, on the I/O pool, while the calling thread
+ * waits without the lock; what is left goes through jobs as in any other load. */
 static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int from_prepare)
+{
+    if (!home_only || from_prepare || n < 2)
+        return bring_wait(f, ts, n, home_only, from_prepare);
+    ferry__arena *list = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!ts[i]->arena) /* else another group load is reading it */
+            ts[i]->arena_copy = file_copy(f, ts[i]);
+    ferry__arena_plan(ts, n, &list);
+    int reads = 0, rc = 0;
+    for (ferry__arena *a = list; a; a = a->next) {
+        for (size_t i = 0; i < a->n; i++)
+            arena_claim(f, a, i);
+        ferry__arena_ranges(a);
+        reads |= a->n_reads > 0;
+    }
+    ferry__arena_load L;
+    ferry__arena_begin(&L, list, reads);
+    if (reads) {
+        pthread_mutex_unlock(&f->lock);
+        arena_read(f, &L);
+        pthread_mutex_lock(&f->lock);
+        rc = arena_settle(f, &L);
+    }
+    if (!rc)
+        rc = bring_wait(f, ts, n, home_only, from_prepare);
+    ferry__arena_end(&L);
+    return rc;
+}
+
+static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
+                      int from_prepare)
 {
     uint64_t local[64];
     uint64_t *seen = n <= 64 ? local : calloc(n, sizeof *seen);

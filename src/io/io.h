@@ -78,6 +78,8 @@ typedef struct ferry__ioreq {
      * offset O failed: <strerror>", or "PATH: read of N bytes at offset O cancelled"; "" on
      * success. Also filled when submit refuses the request with FERRY_EIO (range past the end). */
     char errmsg[256];
+    uint64_t err_offset;       /* on a non-zero status: the file offset where the failed read
+                                  started (the request's offset when submit refused it) */
     /* private to the engine */
     uint64_t next_chunk;       /* byte position of the next chunk to hand out */
     uint64_t chunks_left;

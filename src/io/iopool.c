@@ -108,6 +108,7 @@ static void complete(ferry__io *io, ferry__ioreq *req, int status)
 static void set_errmsg_locked(ferry__ioreq *req, const ferry__iochunk *c, int status,
                               const char *msg)
 {
+    req->err_offset = c->pos;
     if (msg && *msg)
         snprintf(req->errmsg, sizeof req->errmsg, "%s", msg);
     else
@@ -303,6 +304,7 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
         return FERRY_EINVAL;
     uint64_t end;
     req->errmsg[0] = 0;
+    req->err_offset = req->offset;
     if (ferry__add_u64(req->offset, req->len, &end) || end > req->file->size) {
         snprintf(req->errmsg, sizeof req->errmsg,
                  "%s: read of %llu bytes at offset %llu goes past the end of the file "

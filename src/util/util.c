@@ -40,6 +40,26 @@ void ferry__fail_append(ferry__err *e, int code, const char *fmt, ...)
         e->code = code;
 }
 
+void ferry__fail_prefix(ferry__err *e, const char *fmt, ...)
+{
+    if (!e)
+        return;
+    char head[sizeof e->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(head, sizeof head, fmt, ap);
+    va_end(ap);
+    if (n <= 0)
+        return;
+    size_t h = (size_t)n < sizeof head ? (size_t)n : sizeof head - 1;
+    size_t keep = strlen(e->msg);
+    if (h + keep >= sizeof e->msg)
+        keep = sizeof e->msg - 1 - h;
+    memmove(e->msg + h, e->msg, keep);
+    memcpy(e->msg, head, h);
+    e->msg[h + keep] = 0;
+}
+
 void ferry__err_clear(ferry__err *e)
 {
     if (e)

@@ -27,6 +27,8 @@ int ferry__fail(ferry__err *e, int code, const char *fmt, ...)
 /* Appends a line to E's message (for reports of several problems); keeps the first code. */
 void ferry__fail_append(ferry__err *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Puts FMT... in front of E's message (truncating its end when it does not fit). */
+void ferry__fail_prefix(ferry__err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Clears E. */
 void ferry__err_clear(ferry__err *e);
 
