@@ -71,7 +71,6 @@ typedef struct ferry__copy {
     int merged;       /* LoRA terms were added to it */
     int status;       /* the last job's result when it failed */
     int ahead;        /* filled by a prefetch and not used since: it holds a window's bytes */
-    uint64_t pass;    /* sched.passes when it became READY */
 } ferry__copy;
 
 /* One adapter's term on one weight. */
@@ -239,8 +238,6 @@ struct ferry {
     uint64_t clock;           /* LRU clock */
     unsigned inflight_prefetch;
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
-    int last_set_kept;        /* every copy of the last prepared set was cached, none fetched ahead */
-    int evict_this_pass;      /* eviction takes only copies loaded in this pass (prefetch_ahead) */
 
     ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
                                  side, appended to under its read side */

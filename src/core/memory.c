@@ -5,9 +5,11 @@
  * A device's `used` counts every byte ferry holds there: copies in use, cached copies, copies
  * being loaded (reserved before the job runs, so in-flight bytes count against the budget) and,
  * on the host, free buffers kept in the pool. A reservation that does not fit first returns pooled
- * buffers to the system, then evicts cached copies (pick_victim): the least recently used before a
- * schedule exists; with one, a copy used before the load is never taken, and of the rest the one
- * earliest in the recorded order goes first, so the budget keeps the schedule's tail. Copies in use
+ * buffers to the system, then evicts cached copies (pick_victim): with a schedule (or while the
+ * first one is recorded), a copy used before the load is never taken, and of the rest the one
+ * whose recorded position, bits reversed, is highest goes first, so the copies the budget keeps
+ * are spread evenly over a pass; the least recently used when recording starts over after the
+ * order changed, or with the schedule off. Copies in use
  * (refs > 0), copies being loaded and home copies are never evicted. ferry never goes over a
  * budget: when nothing more can be evicted the reservation fails with FERRY_EBUDGET.
  *
@@ -140,20 +142,27 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
     memset(c, 0, sizeof *c);
 }
 
-/* The cached copy on DEV to evict, or NULL when none. Before a schedule exists: the least recently
- * used. With one, only copies used later than MIN_DIST prepares from now qualify, and
+/* The cached copy on DEV to evict, or NULL when none. With a schedule, only copies used later than
+ * MIN_DIST prepares from now qualify, and
  *  - copies fetched ahead and not used yet go last, furthest next use first;
- *  - while prefetch_ahead fetches a second set (evict_this_pass), only copies loaded in this
- *    pass qualify;
- *  - of the others, the one earliest in the recorded order goes first (tensors the schedule does
- *    not hold before all).
+ *  - of the others, the one with the highest ferry__sched_rank goes first (tensors the schedule
+ *    does not hold before all): what stays is a set spread evenly over the recorded order.
+ * While the first schedule is recorded, the same ranks (of the positions recorded so far), so
+ * that the first pass leaves the set the later passes keep. Otherwise the least recently used.
+ *
+ * Why a spread set: a pass then alternates cached and streamed tensors, and the disk reads the
+ * streamed ones back to back while the cached ones are computed. When the budget kept the
+ * schedule's tail instead, the disk could read only the prefetch window ahead over that stretch
+ * and then idled (30-130 ms per pass on a 4 GiB model). Measured with `ferry run g2g.gguf --home
+ * disk --budget host=M/2 --passes 5 --cold` (2 GiB, passes 3-5): 0.82-0.85 s a pass keeping the
+ * tail, 0.61-0.71 s keeping a spread set, 1.13-1.18 GiB read a pass both; and the second pass,
+ * which had to trade the first pass's kept set for the schedule's, read 1.15-1.18 GiB instead of
+ * 1.60.
  * Why not plain furthest-next-use (Belady): it is optimal for pages of one size, but with tensors
- * of several sizes and a prefetch window the set it keeps drifts from pass to pass (at every wrap
- * of the cyclic order it evicts the copies of the pass's tail it had kept), and so does the time
- * of a pass. Measured on `ferry run --device sim:SIZE@2GB/s --home host --budget device=M/4`: with
- * Belady, passes of a 2 GiB model took 0.81-1.10 s in turn (median 0.90-0.97 of the bound
- * (M - B + W) / BW) and a 4 GiB model 0.90-0.97; keeping the tail, 0.96-0.98 on both, pass
- * after pass. */
+ * of several sizes and a prefetch window the set it keeps drifts from pass to pass, and so does
+ * the time of a pass (measured on `ferry run --device sim:SIZE@2GB/s --home host --budget
+ * device=M/4`: passes of a 2 GiB model took 0.81-1.10 s in turn, 0.90-0.97 of the bound
+ * (M - B + W) / BW). */
 static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 {
     ferry_tensor *best = NULL;
@@ -164,8 +173,6 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
         const ferry__copy *c = &t->comp;
         if (c->state != FERRY__READY || c->permanent || c->mapped || c->dev != dev ||
             t->refs > 0 || !c->mem.base)
-            continue;
-        if (f->evict_this_pass && c->pass != f->sched.passes)
             continue;
         uint64_t score;
         if (sched) {
@@ -178,6 +185,12 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
                 uint64_t r = ferry__sched_rank(&f->sched, t->uid);
                 score = UINT64_MAX / 2 + (r > UINT64_MAX / 2 ? UINT64_MAX / 2 : r);
             }
+        } else if (f->sched.enabled && !f->sched.passes) {
+            /* the first pass: the copies the first complete schedule will keep, not the last
+             * used (the tail), or the second pass would read a quarter of the model more to
+             * change one kept set for the other; copies fetched ahead on request go last */
+            uint64_t r = ferry__sched_rank(&f->sched, t->uid);
+            score = c->ahead ? 0 : r == UINT64_MAX ? UINT64_MAX : r + 1;
         } else {
             score = f->clock - c->last_use + 1;
         }
@@ -191,6 +204,7 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 
 static void evict(ferry *f, ferry_tensor *t)
 {
+
     ferry__drop_copy(f, t, &t->comp);
     f->stats.evictions++;
 }

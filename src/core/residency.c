@@ -614,7 +614,8 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
 }
 
 /* Queues prefetches of what the schedule says comes next: the next set's worth of bytes (the
- * size of the last prepared set), evicting only copies used later than what it loads.
+ * size of the last prepared set) of copies not already cached, evicting only copies used later
+ * than what it loads.
  *
  * Why not as deep as the budget allows: with a cyclic order, eviction keeps a fixed part of the
  * model cached and streams the rest through a small window; a prefetcher that runs far ahead has
@@ -624,14 +625,7 @@ static void prefetch_ahead(ferry *f)
 {
     if (!f->sched.complete || f->closing)
         return;
-    /* A set the budget kept from the last pass does not sit in the streaming room (the W of
-     * M - B + W: the set in use and the one fetched ahead), so while one is in use that room holds
-     * two sets ahead. Over the stretch of kept layers at the end of a pass the disk would
-     * otherwise read one set of the next pass and idle. Measured, `ferry run` of a 4 GiB model,
-     * home disk, B = M/2, --cold, three runs of each alternating, passes 3-4: 1.75-2.00 s a pass
-     * with two sets, 1.96-2.18 s with one; 2.34 GiB read a pass against 2.29-2.33. */
-    uint64_t first = f->last_set_bytes;
-    uint64_t window = first * (f->last_set_kept ? 2 : 1), ahead = 0;
+    uint64_t window = f->last_set_bytes, ahead = 0;
     for (size_t k = 1; k < f->sched.len && k <= FERRY__PREFETCH_SCAN &&
                        f->inflight_prefetch < FERRY__MAX_PREFETCH;
          k++) {
@@ -659,18 +653,12 @@ static void prefetch_ahead(ferry *f)
             continue;
         if (ahead >= window)
             break;
-        /* a tensor that starts past the first set's bytes belongs to the second set: it makes
-         * room only from copies streamed in this pass, never from the cached part the budget
-         * keeps (that would be read again next pass) */
-        int second = ahead >= first;
         ahead += t->out_bytes;
         if (t->comp.state != FERRY__EMPTY)
             continue;
-        f->evict_this_pass = second;
         ferry__err saved = f->err;
         int rc = enqueue(f, t, 0, 1, k);
         f->err = saved; /* a hint that does not fit is no error */
-        f->evict_this_pass = 0;
         if (rc)
             break;
     }
@@ -718,7 +706,6 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         if (fill & FILL_COMP) {
             t->comp.state = FERRY__READY;
             t->comp.ahead = j->prefetch;
-            t->comp.pass = f->sched.passes;
             t->comp.last_use = ++f->clock;
             t->comp.epoch = j->epoch;
             t->comp.merged = j->n_terms > 0;
@@ -994,7 +981,6 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                 ferry__copy *c = t->arena_copy == FERRY__ARENA_COMP ? &t->comp : &t->host;
                 if (!r->status) {
                     c->state = FERRY__READY;
-                    c->pass = f->sched.passes;
                     c->last_use = ++f->clock;
                     c->epoch = f->lora_epoch;
                     continue;
@@ -1206,16 +1192,13 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
             ts[i]->refs++;
     }
     uint64_t set_bytes = 0;
-    int kept = 1;
     for (size_t i = 0; i < nu; i++) {
         u[i]->refs++;
         u[i]->used = 1;
         ferry__sched_touch(&f->sched, u[i]->uid);
         set_bytes += u[i]->out_bytes;
-        kept &= u[i]->comp.state == FERRY__READY && !u[i]->comp.ahead;
     }
     f->last_set_bytes = set_bytes;
-    f->last_set_kept = kept;
     rc = bring(f, u, nu, 0, 1);
     if (rc) {
         for (size_t i = 0; i < nu; i++) {

@@ -1,8 +1,8 @@
 /*
  * sched.c — recording the access order of one pass and measuring next-use distances in it
  * (see sched.h). With a cyclic pattern the future is known after one pass: eviction (memory.c
- * pick_victim) keeps the tail of the recorded order and never takes a copy needed before the load,
- * and prefetch reads ahead in that order.
+ * pick_victim) keeps a set spread evenly over the recorded order and never takes a copy needed
+ * before the load, and prefetch reads ahead in that order.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +139,14 @@ uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k)
 
 uint64_t ferry__sched_rank(const ferry__sched *s, uint32_t id)
 {
-    if (!s->complete || id >= s->n_ids || s->pos[id] == FERRY__SCHED_NONE)
+    if (!s->enabled || id >= s->n_ids || s->pos[id] == FERRY__SCHED_NONE ||
+        (!s->complete && s->passes))
         return UINT64_MAX;
-    return s->len - s->pos[id];
+    /* the position with its 32 bits reversed: for any count, the positions with the lowest
+     * values are spread evenly over the order (0, then 1/2 of the way, then 1/4 and 3/4, ...),
+     * whatever its length turns out to be */
+    uint32_t p = s->pos[id], r = 0;
+    for (int b = 0; b < 32; b++)
+        r |= (p >> b & 1u) << (31 - b);
+    return r;
 }

@@ -47,8 +47,10 @@ uint64_t ferry__sched_distance(const ferry__sched *s, uint32_t id);
 /* The tensor K steps ahead of the cursor (K >= 1), or FERRY__SCHED_NONE without a complete
  * schedule. */
 uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k);
-/* ID's place in the recorded order counted from the end (len for the first tensor, 1 for the
- * last), or UINT64_MAX when it is not in a complete schedule. */
+/* The order in which the budget gives up ID's cached copy, lowest kept longest: its recorded
+ * position with the bits reversed, so that the copies a budget keeps are spread evenly over the
+ * order. Defined in a complete schedule and while the first one is being recorded; else (and for
+ * IDs not recorded) UINT64_MAX. */
 uint64_t ferry__sched_rank(const ferry__sched *s, uint32_t id);
 /* Forgets the recording (e.g. after a group was removed). */
 void ferry__sched_reset(ferry__sched *s);
