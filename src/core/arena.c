@@ -76,8 +76,14 @@ void ferry__arena_trim(const void *ptr, uint64_t n)
 {
     uintptr_t lo = ((uintptr_t)ptr + 4095) & ~(uintptr_t)4095;
     uintptr_t hi = ((uintptr_t)ptr + n) & ~(uintptr_t)4095;
-    if (ptr && hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    if (!ptr || hi <= lo)
+        return;
+#ifdef MADV_NOHUGEPAGE
+    /* with max_ptes_none high, khugepaged would collapse a partly freed 2 MiB block back into a
+     * whole huge page */
+    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+#endif
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 static uint64_t span_start(const ferry_tensor *t)
@@ -110,11 +116,6 @@ static ferry__arena *arena_new(const arena_span *s, size_t n)
     }
     a->map = m;
     a->base = (unsigned char *)(((uintptr_t)m + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
-#ifdef MADV_HUGEPAGE
-    size_t huge = (size_t)(len & ~(ARENA_ALIGN - 1)); /* the tail keeps small pages */
-    if (huge)
-        (void)madvise(a->base, huge, MADV_HUGEPAGE);
-#endif
     a->file = s[0].t->file;
     a->mode = s[0].mode;
     a->file_start = start;
@@ -174,7 +175,7 @@ int ferry__arena_take(ferry *f, ferry__arena *a, size_t i, uint64_t size, ferry_
     m->base = a->base + (span_start(a->ts[i]) - a->file_start);
     m->arena = a;
     a->refs++;
-    a->claimed[i] = 1;
+    a->claimed[i] = FERRY__CLAIMED;
     return 0;
 }
 
@@ -210,11 +211,19 @@ void ferry__arena_ranges(ferry__arena *a)
         ferry__arena_read *r = &a->reads[a->n_reads - 1];
         r->req.len = end - r->req.offset;
     }
-    /* the last copy's page may reach past the end of the file; its bytes do not */
     for (size_t k = 0; k < a->n_reads; k++) {
         ferry__ioreq *q = &a->reads[k].req;
+        /* the last copy's page may reach past the end of the file; its bytes do not */
         if (q->offset + q->len > a->file->size)
             q->len = a->file->size - q->offset;
+#ifdef MADV_HUGEPAGE
+        /* huge pages only for the 2 MiB blocks a read fills whole: a block that reaches past it
+         * would fault in bytes no copy accounts for */
+        uintptr_t lo = ((uintptr_t)q->dst + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1);
+        uintptr_t hi = ((uintptr_t)q->dst + q->len) & ~(uintptr_t)(ARENA_ALIGN - 1);
+        if (hi > lo)
+            (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
     }
 }
 
@@ -249,13 +258,18 @@ void ferry__arena_begin(ferry__arena_load *L, ferry__arena *list, int touch)
     L->started = list && touch && pthread_create(&L->toucher, NULL, toucher_main, L) == 0;
 }
 
-void ferry__arena_end(ferry__arena_load *L)
+void ferry__arena_stop(ferry__arena_load *L)
 {
     if (L->started) {
         atomic_store(&L->stop, 1);
         pthread_join(L->toucher, NULL);
         L->started = 0;
     }
+}
+
+void ferry__arena_end(ferry__arena_load *L)
+{
+    ferry__arena_stop(L);
     for (ferry__arena *a = L->list, *next; a; a = next) {
         next = a->next;
         for (size_t i = 0; i < a->n; i++) {

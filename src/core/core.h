@@ -114,6 +114,7 @@ struct ferry_tensor {
     /* placement (decided by ferry__decide, the same function the dry run uses) */
     int lazy;
     int zero_copy;            /* the host copy is the mapping */
+    int auto_private;         /* not zero_copy only because load AUTO found it uncached */
     int compute_dev;
     ferry_dtype out_dtype;    /* dtype at the data pointer */
     uint64_t out_bytes;       /* bytes at the data pointer */
@@ -307,6 +308,10 @@ int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out);
  * mapping, laid out as in the file, read as whole ranges of the file while a toucher thread
  * faults the mapping in ahead of the reads. */
 enum { FERRY__ARENA_COMP = 1, FERRY__ARENA_HOST = 2 };
+/* arena.claimed[i], decided under the lock when the copy is claimed, read without it by the
+ * load while it reads (the policy may change meanwhile) */
+enum { FERRY__CLAIMED = 1, FERRY__CLAIMED_HOST = 2 /* the host copy, not comp */,
+       FERRY__CLAIMED_LOCK = 4 /* mlock it (policy.lock) */ };
 typedef struct ferry__arena_read {
     ferry__ioreq req;
     size_t first, end;    /* it fills the copies of ts[first..end) (those claimed) */
@@ -323,7 +328,8 @@ struct ferry__arena {
     unsigned char *base;
     uint32_t refs;        /* copies placed in it, plus one while its load runs */
     ferry_tensor **ts;    /* the tensors placed in it, in file order (n); the load's */
-    unsigned char *claimed; /* ts[i]'s copy is LOADING from this arena's reads */
+    unsigned char *claimed; /* FERRY__CLAIMED...: ts[i]'s copy is LOADING from its reads */
+    uint64_t epoch;       /* the LoRA epoch when the copies were claimed */
     size_t n;
     ferry__arena_read *reads; /* one per range of claimed neighbours (n_reads, at most n) */
     size_t n_reads;
@@ -350,12 +356,15 @@ void ferry__arena_ranges(ferry__arena *a);
 /* Makes LIST the load's arenas; with TOUCH, starts the toucher over their reads' destinations
  * (none when the thread cannot start). */
 void ferry__arena_begin(ferry__arena_load *L, ferry__arena *list, int touch);
-/* Stops and joins the toucher, forgets the places of tensors never claimed, drops the load's
- * references. */
+/* Stops and joins the toucher (the reads are done: what it has not faulted in is not needed). */
+void ferry__arena_stop(ferry__arena_load *L);
+/* Stops the toucher if still running, forgets the places of tensors never claimed, drops the
+ * load's references. */
 void ferry__arena_end(ferry__arena_load *L);
 /* Drops one reference; the last unmaps the arena. */
 void ferry__arena_release(ferry__arena *a);
-/* Returns the pages that hold only bytes of [PTR, PTR+N) to the system. */
+/* Returns the pages that hold only bytes of [PTR, PTR+N) to the system (and keeps khugepaged
+ * from filling them again). */
 void ferry__arena_trim(const void *ptr, uint64_t n);
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);

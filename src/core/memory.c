@@ -133,8 +133,16 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
 
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
-    if (c->locked && c->ptr)
+    if (c->locked && c->ptr && c->mem.arena) {
+        /* the pages it shares with its neighbours stay locked until the arena goes: mlock does
+         * not count, and a neighbour may hold them locked */
+        uintptr_t lo = ((uintptr_t)c->ptr + 4095) & ~(uintptr_t)4095;
+        uintptr_t hi = ((uintptr_t)c->ptr + c->locked) & ~(uintptr_t)4095;
+        if (hi > lo)
+            ferry__host_unlock((void *)lo, hi - lo);
+    } else if (c->locked && c->ptr) {
         ferry__host_unlock(c->ptr, c->locked);
+    }
     if (c->mem.arena)
         ferry__arena_trim(c->ptr, t->info.nbytes); /* its neighbours may stay: free its pages now */
     if (c->mem.base || c->mem.size)
@@ -185,12 +193,15 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
                 uint64_t r = ferry__sched_rank(&f->sched, t->uid);
                 score = UINT64_MAX / 2 + (r > UINT64_MAX / 2 ? UINT64_MAX / 2 : r);
             }
-        } else if (f->sched.enabled && !f->sched.passes) {
+        } else if (f->sched.enabled && !f->sched.passes && !f->sched.irregular) {
             /* the first pass: the copies the first complete schedule will keep, not the last
              * used (the tail), or the second pass would read a quarter of the model more to
-             * change one kept set for the other; copies fetched ahead on request go last */
+             * change one kept set for the other; copies fetched ahead on request go last, copies
+             * of tensors not recorded (yet) first, the least recently used of them first */
             uint64_t r = ferry__sched_rank(&f->sched, t->uid);
-            score = c->ahead ? 0 : r == UINT64_MAX ? UINT64_MAX : r + 1;
+            score = c->ahead            ? 0
+                    : r == UINT64_MAX ? UINT64_MAX / 2 + (f->clock - c->last_use)
+                                      : r + 1;
         } else {
             score = f->clock - c->last_use + 1;
         }

@@ -95,12 +95,15 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     /* AUTO maps what the page cache holds and reads the rest into private memory with O_DIRECT:
      * filling the cache through the mapping runs at readahead's pace (1.1-1.35 GB/s on the
      * development VM), a direct read into a group load's arena at the disk's (bench/README.md) */
+    t->auto_private = 0;
     if (t->zero_copy && p->load == FERRY_LOAD_AUTO && t->info.nbytes) {
         if (t->comp.state != FERRY__EMPTY || t->host.state != FERRY__EMPTY)
             t->zero_copy = t->comp.mapped || t->host.mapped; /* decided when it was loaded */
         else
             t->zero_copy = ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >=
                            FERRY__AUTO_MAP_CACHED;
+        /* a private copy the host budget has no room for falls back to the mapping (enqueue) */
+        t->auto_private = !t->zero_copy;
     }
     return 0;
 }

@@ -552,19 +552,34 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     if (!fill)
         return 0;
     ferry__mem hm = {0}, cm = {0};
-    int rc = 0;
-    if (fill & FILL_HOST)
+    int rc = 0, host_refused = 0;
+    if (fill & FILL_HOST) {
         rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), min_dist, &hm);
+        host_refused = rc == FERRY_EBUDGET;
+    }
     if (!rc && (fill & FILL_COMP)) {
         int dev = t->comp.dev;
         uint64_t size = host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
                                           : ferry__dev_alloc_size(t);
         rc = ferry__reserve(f, dev, size, min_dist, &cm);
+        host_refused = rc == FERRY_EBUDGET && host_side(f, dev);
     }
     ferry__job *j = rc ? NULL : job_new(f);
     if (j && (fill & FILL_COMP) && t->merge && ferry__lora_snapshot(f, t, j)) {
         job_recycle(f, j);
         j = NULL;
+    }
+    if (host_refused && t->auto_private) {
+        /* load AUTO chose a private copy because the bytes are not cached, and the host budget
+         * has no room for it: the mapping serves it as it would have, cached or not */
+        f->err.code = 0;
+        f->err.msg[0] = 0;
+        ferry__unreserve(f, FERRY__HOST, &hm);
+        if (fill & FILL_HOST)
+            t->host.permanent = 0;
+        t->auto_private = 0;
+        t->zero_copy = 1;
+        return enqueue(f, t, home_only, prefetch, min_dist);
     }
     if (rc || !j) {
         if (!rc)
@@ -884,6 +899,10 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
         f->err = saved;
         return 0;
     }
+    if (want == FILL_HOST)
+        a->claimed[i] |= FERRY__CLAIMED_HOST;
+    if (ferry__policy_of(f, t)->lock)
+        a->claimed[i] |= FERRY__CLAIMED_LOCK;
     c->mem = m;
     c->ptr = (unsigned char *)m.base + t->info.offset % FERRY__IO_ALIGN;
     c->state = FERRY__LOADING;
@@ -956,9 +975,9 @@ static void arena_read(ferry *f, ferry__arena_load *L)
             add_stat(&f->a_bytes_read, r->req.len);
             for (size_t i = r->first; i < r->end; i++) {
                 ferry_tensor *t = a->ts[i];
-                ferry__copy *c = t->arena_copy == FERRY__ARENA_COMP ? &t->comp : &t->host;
+                ferry__copy *c = a->claimed[i] & FERRY__CLAIMED_HOST ? &t->host : &t->comp;
                 if (a->claimed[i])
-                    lock_copy(f, ferry__policy_of(f, t)->lock, c, t->info.nbytes);
+                    lock_copy(f, a->claimed[i] & FERRY__CLAIMED_LOCK, c, t->info.nbytes);
             }
             if (t0)
                 ferry__trace_addf(f, "io", t0, ferry__now(), "read %s and on",
@@ -966,8 +985,10 @@ static void arena_read(ferry *f, ferry__arena_load *L)
         }
 }
 
-/* Makes the claimed copies READY, or EMPTY with the error when their read failed; the first
- * failure becomes the manager's message and the return value. Lock held. */
+/* Makes the claimed copies READY, or EMPTY with the error when their read failed (their pages
+ * given back); the first failure becomes the manager's message and the return value. As
+ * finish_job does for a job's copy: a copy whose adapter set changed while it was read is stale,
+ * and one nobody holds is dropped if its tensor no longer wants it. Lock held. */
 static int arena_settle(ferry *f, ferry__arena_load *L)
 {
     int rc = 0;
@@ -978,15 +999,20 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                 ferry_tensor *t = a->ts[i];
                 if (!a->claimed[i])
                     continue;
-                ferry__copy *c = t->arena_copy == FERRY__ARENA_COMP ? &t->comp : &t->host;
+                ferry__copy *c = a->claimed[i] & FERRY__CLAIMED_HOST ? &t->host : &t->comp;
                 if (!r->status) {
                     c->state = FERRY__READY;
                     c->last_use = ++f->clock;
-                    c->epoch = f->lora_epoch;
+                    c->epoch = a->epoch;
+                    if (a->epoch != f->lora_epoch && (t->merge || t->n_terms))
+                        t->stale = 1;
+                    if (!t->refs)
+                        drop_if_unkept(f, t);
                     continue;
                 }
                 if (c->locked)
                     ferry__host_unlock(c->ptr, c->locked);
+                ferry__arena_trim(c->ptr, t->info.nbytes);
                 ferry__unreserve(f, FERRY__HOST, &c->mem);
                 memset(c, 0, sizeof *c);
                 c->dev = FERRY__HOST;
@@ -1030,6 +1056,7 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
     ferry__arena_plan(ts, n, &list);
     int reads = 0, rc = 0;
     for (ferry__arena *a = list; a; a = a->next) {
+        a->epoch = f->lora_epoch;
         for (size_t i = 0; i < a->n; i++)
             arena_claim(f, a, i);
         ferry__arena_ranges(a);
@@ -1040,6 +1067,7 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
     if (reads) {
         pthread_mutex_unlock(&f->lock);
         arena_read(f, &L);
+        ferry__arena_stop(&L);
         pthread_mutex_lock(&f->lock);
         rc = arena_settle(f, &L);
     }

@@ -48,6 +48,7 @@ void ferry__sched_reset(ferry__sched *s)
         s->pos[s->order[i]] = FERRY__SCHED_NONE;
     s->len = 0;
     s->complete = 0;
+    s->irregular = 0;
     s->cursor = 0;
     s->misses = 0;
 }
@@ -72,9 +73,12 @@ int ferry__sched_touch(ferry__sched *s, uint32_t id)
             return 0;
         }
         /* The pass repeats when its first tensor comes again. Another recorded tensor coming
-         * again (a weight shared by several layers) keeps its first position. */
-        if (p != 0)
+         * again (a weight shared by several layers) keeps its first position; it also means the
+         * order may not be a plain cycle, so the ranks of the recording stop being used. */
+        if (p != 0) {
+            s->irregular = 1;
             return 0;
+        }
         if (s->len < 2) {
             rerecord(s, id);
             return 0;
@@ -140,7 +144,7 @@ uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k)
 uint64_t ferry__sched_rank(const ferry__sched *s, uint32_t id)
 {
     if (!s->enabled || id >= s->n_ids || s->pos[id] == FERRY__SCHED_NONE ||
-        (!s->complete && s->passes))
+        (!s->complete && (s->passes || s->irregular)))
         return UINT64_MAX;
     /* the position with its 32 bits reversed: for any count, the positions with the lowest
      * values are spread evenly over the order (0, then 1/2 of the way, then 1/4 and 3/4, ...),

@@ -29,6 +29,7 @@ typedef struct ferry__sched {
     int complete;        /* the pass repeated: distances are meaningful */
     size_t cursor;       /* position of the last prepared tensor (complete schedules) */
     uint64_t passes;     /* completed passes (cursor wraps) */
+    int irregular;       /* while recording: a tensor other than the first came again */
     size_t misses;       /* out-of-order prepares in the last `seen` prepares */
     size_t seen;         /* prepares counted towards the current pass-length window */
     int enabled;
@@ -49,8 +50,8 @@ uint64_t ferry__sched_distance(const ferry__sched *s, uint32_t id);
 uint32_t ferry__sched_ahead(const ferry__sched *s, size_t k);
 /* The order in which the budget gives up ID's cached copy, lowest kept longest: its recorded
  * position with the bits reversed, so that the copies a budget keeps are spread evenly over the
- * order. Defined in a complete schedule and while the first one is being recorded; else (and for
- * IDs not recorded) UINT64_MAX. */
+ * order. Defined in a complete schedule and while the first one is being recorded, as long as
+ * no tensor but the first has come again; else (and for IDs not recorded) UINT64_MAX. */
 uint64_t ferry__sched_rank(const ferry__sched *s, uint32_t id);
 /* Forgets the recording (e.g. after a group was removed). */
 void ferry__sched_reset(ferry__sched *s);
