@@ -11,12 +11,20 @@
  * when the copies go, and the last copy's release unmaps the arena. Also: AUTO maps what the page
  * cache holds (>= FERRY__AUTO_MAP_CACHED of a tensor's pages) and reads the rest, a file truncated
  * under an open manager, budgets, and a group load racing prepares and another group load.
+ *
+ * Section 7: regression tests for defects a review found (each failed before e39a4c2): AUTO over
+ * a host budget on a cold file falls back to the mapping; a failed read gives its copies' pages
+ * back; budget holes do not fault in huge pages beyond what the budget counts; a one-shot phase
+ * before a loop does not keep dead copies; an adapter added during an arena read is applied.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -891,12 +899,659 @@ static void test_concurrent(void)
     }
 }
 
+/* ---- 7. regressions of the session-4 review (each failed before e39a4c2) -------------------- */
+
+static char g_big[1200], g_lora[1200];
+static int g_big_ok = -1; /* g_big written: 1, failed: 0, not yet: -1 */
+
+/* A larger model for the tests that measure resident memory: about 28 MiB of f32, one dense
+ * run: token_embd 2 MB, four layers of 6 MiB (attn_norm 2 KiB, attn_q and attn_k 1 MiB each,
+ * ffn_up and ffn_down 2 MiB each), output_norm 2 KiB, output 2 MB. Written on first use. */
+static int big_model(void)
+{
+    if (g_big_ok < 0) {
+        fixture_tensor ts[64];
+        size_t n = fixture_layout(ts, 4, 512, 1024, 1000, FERRY_DTYPE_F32, 0);
+        g_big_ok = fixture_write(g_big, FERRY_FORMAT_GGUF, ts, n) == 0;
+    }
+    CHECK(g_big_ok == 1);
+    return g_big_ok == 1;
+}
+
+/* Bytes of anonymous memory resident in this process: /proc/self/smaps_rollup's "Anonymous",
+ * else /proc/self/status's "RssAnon"; -1 when neither can be read. */
+static int64_t anon_resident(void)
+{
+    static const struct {
+        const char *path, *key;
+    } src[] = {{"/proc/self/smaps_rollup", "Anonymous:"}, {"/proc/self/status", "RssAnon:"}};
+    for (size_t s = 0; s < sizeof src / sizeof src[0]; s++) {
+        FILE *fp = fopen(src[s].path, "r");
+        if (!fp)
+            continue;
+        char line[256];
+        long long kib = -1;
+        size_t klen = strlen(src[s].key);
+        while (kib < 0 && fgets(line, sizeof line, fp))
+            if (strncmp(line, src[s].key, klen) == 0)
+                kib = strtoll(line + klen, NULL, 10);
+        fclose(fp);
+        if (kib >= 0)
+            return (int64_t)kib * 1024;
+    }
+    return -1;
+}
+
+/* Resident bytes of the whole pages inside [P, P+N) (mincore: the range must be mapped);
+ * UINT64_MAX when mincore fails. */
+static uint64_t resident_in(const void *p, uint64_t n)
+{
+    uint64_t pg = page_size();
+    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(uintptr_t)(pg - 1);
+    if (!p || hi <= lo)
+        return 0;
+    size_t pages = (size_t)((hi - lo) / pg);
+    unsigned char *v = malloc(pages);
+    uint64_t k = UINT64_MAX;
+    if (v && mincore((void *)lo, hi - lo, v) == 0) {
+        k = 0;
+        for (size_t i = 0; i < pages; i++)
+            k += (uint64_t)(v[i] & 1) * pg;
+    }
+    free(v);
+    return k;
+}
+
+/* Writes N bytes of DATA over PATH from offset 0 (same inode) and syncs; 0 on success. */
+static int rewrite_file(const char *path, const unsigned char *data, uint64_t n)
+{
+    int fd = open(path, O_WRONLY);
+    if (fd < 0)
+        return -1;
+    uint64_t done = 0;
+    while (done < n) {
+        ssize_t w = pwrite(fd, data + done, (size_t)(n - done), (off_t)done);
+        if (w <= 0)
+            break;
+        done += (uint64_t)w;
+    }
+    int ok = done == n && fsync(fd) == 0;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* r1: load AUTO on a cold file, host budget smaller than the model. AUTO reads a private copy
+ * only because the bytes are not cached; one the budget has no room for is served by the
+ * mapping, as it would have been were the bytes cached. So the group load and the prepare
+ * succeed (before the fix: FERRY_EBUDGET), the private copies stay within the budget, and the
+ * successful call leaves no budget message behind. Part 0 is a group load then a prepare; part 1
+ * a prepare alone (jobs, no arena). */
+static void test_auto_over_budget(void)
+{
+    const uint64_t budget = 2 * MIB;
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
+    double *frac = calloc(g_n, sizeof *frac);
+    CHECK(frac != NULL);
+    CHECK(g_bytes > 2 * budget);
+    for (int part = 0; frac && part < 2; part++) {
+        ferry_options o = {.host_budget = budget};
+        ferry *f = ferry_create(&o);
+        size_t n = 0;
+        ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
+        CHECK(ts != NULL && n == g_n);
+        double hi = 1.0;
+        if (ts && n == g_n && drop_cache(g_path) == 0 &&
+            cached_fractions(g_path, ts, n, frac) == 0) {
+            hi = 0;
+            for (size_t i = 0; i < n; i++)
+                hi = frac[i] > hi ? frac[i] : hi;
+        }
+        if (!ts || n != g_n || hi >= FERRY__AUTO_MAP_CACHED) {
+            printf("test_auto_over_budget: part %d skipped: after POSIX_FADV_DONTNEED the kernel "
+                   "still caches %.0f%% of a tensor's pages\n", part, hi * 100);
+            free(ts);
+            ferry_destroy(f);
+            continue;
+        }
+        int rc = 0;
+        if (part == 0) {
+            rc = ferry_load_group(f, "all");
+            if (rc)
+                fprintf(stderr, "load_group (auto, cold, over budget): %s\n", ferry_errmsg(f));
+            CHECK_EQ_INT(rc, 0);
+            CHECK(strstr(ferry_errmsg(f), "budget") == NULL);
+        }
+        rc = ferry_prepare(f, ts, n);
+        if (rc)
+            fprintf(stderr, "prepare (auto, cold, over budget, part %d): %s\n", part,
+                    ferry_errmsg(f));
+        CHECK_EQ_INT(rc, 0);
+        CHECK(strstr(ferry_errmsg(f), "budget") == NULL);
+        if (rc == 0) {
+            CHECK_EQ_INT(count_same(f, ts, n), n);
+            size_t mapped = 0;
+            uint64_t private_bytes = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (in_file_map(ts[i], ferry_tensor_data(ts[i])))
+                    mapped++;
+                else
+                    private_bytes += info_of(ts[i]).nbytes;
+            }
+            CHECK(mapped > 0);
+            CHECK(private_bytes <= budget);
+            /* the plan says what happened: zero-copy exactly for the tensors in the mapping */
+            ferry_placement *pl = NULL;
+            size_t np = 0;
+            CHECK_EQ_INT(ferry_plan(f, &pl, &np, NULL), 0);
+            CHECK_EQ_INT(np, n);
+            size_t agree = 0;
+            for (size_t i = 0; pl && i < np && i < n; i++)
+                agree += (pl[i].zero_copy != 0) ==
+                         (in_file_map(ts[i], ferry_tensor_data(ts[i])) != 0);
+            free(pl);
+            CHECK_EQ_INT(agree, n);
+            ferry_stats st = stats_of(f);
+            CHECK(st.resident_bytes[0] <= budget);
+            CHECK(st.peak_bytes[0] <= budget);
+            CHECK_EQ_INT(st.resident_bytes[0], st.home_host_bytes);
+            CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+        }
+        free(ts);
+        ferry_destroy(f);
+    }
+    free(frac);
+}
+
+/* r4: a read that fails in the middle of a group load (the file shrank after open) while the
+ * arena's other read succeeds. The copies the failed read was to fill are given back with their
+ * pages; before the fix the pages its successful chunks had written (and the toucher had faulted
+ * in) stayed resident as long as the other read's copies kept the arena: memory no budget
+ * counted. Afterwards, with the file whole again, the same manager loads everything. */
+static void test_failed_read_pages(void)
+{
+    if (!big_model())
+        return;
+    uint64_t size = file_size(g_big);
+    unsigned char *orig = fixture_pread(g_big, 0, size);
+    CHECK(size > 0 && orig != NULL);
+    ferry *f = ferry_create(NULL);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
+    size_t n = 0;
+    ferry_tensor **ts = orig ? fixture_open_all(f, g_big, &p, &n) : NULL;
+    ferry_tensor *emb = ferry_find(f, "token_embd.weight"), *q = ferry_find(f, "blk.0.attn_q.weight");
+    ferry_tensor *hole = ferry_find(f, "blk.0.attn_k.weight");
+    ferry_tensor *up = ferry_find(f, "blk.0.ffn_up.weight"), *out = ferry_find(f, "output.weight");
+    CHECK(ts && emb && q && hole && up && out);
+    if (!ts || !emb || !q || !hole || !up || !out) {
+        free(ts), free(orig);
+        ferry_destroy(f);
+        return;
+    }
+    /* blk.0.attn_k loaded first, into a buffer of its own: the group load's arena then has two
+     * reads, token_embd..blk.0.attn_q and blk.0.ffn_up..output */
+    CHECK_EQ_INT(ferry_prepare(f, &hole, 1), 0);
+    CHECK_EQ_INT(ferry_release(f, &hole, 1), 0);
+    ferry_tensor_info ie = info_of(emb), ih = info_of(hole), iu = info_of(up), io = info_of(out);
+    /* the file now ends 1 MiB into output.weight: the second read fails after most of its
+     * 24 MiB have been read */
+    CHECK_EQ_INT(truncate(g_big, (off_t)((io.offset + MIB) & ~UINT64_C(4095))), 0);
+    int64_t before = anon_resident();
+    int rc = ferry_load_group(f, "all");
+    int64_t after = anon_resident();
+    CHECK(rc < 0);
+    if (rc >= 0)
+        fprintf(stderr, "load_group of a truncated file: %d\n", rc);
+    /* the first read's copies are there, in one arena (pointers keep the file offsets) */
+    ferry_tensor *first[2] = {emb, q};
+    rc = ferry_prepare(f, first, 2);
+    CHECK_EQ_INT(rc, 0);
+    int arena = rc == 0 && keeps_offsets(emb, q) && !in_file_map(emb, ferry_tensor_data(emb));
+    CHECK(arena);
+    if (arena) {
+        CHECK_EQ_INT(count_same(f, first, 2), 2);
+        /* the failed copies' places in the arena (they keep the file offsets) hold none of
+         * their own pages; a page two of them share may stay until the arena goes */
+        const unsigned char *pe = ferry_tensor_data(emb);
+        uint64_t kept = 0, failed = 0;
+        for (size_t i = 0; i < n; i++) {
+            ferry_tensor_info it = info_of(ts[i]);
+            if (it.offset < iu.offset)
+                continue;
+            uint64_t r = resident_in(pe + (it.offset - ie.offset), it.nbytes);
+            kept = r == UINT64_MAX || kept == UINT64_MAX ? UINT64_MAX : kept + r;
+            failed += it.nbytes;
+        }
+        CHECK(failed >= 20 * MIB);
+        if (kept)
+            fprintf(stderr, "failed read: %.2f MiB of its copies' pages still resident\n",
+                    (double)kept / (double)MIB);
+        CHECK_EQ_INT(kept, 0);
+    }
+    if (rc == 0)
+        CHECK_EQ_INT(ferry_release(f, first, 2), 0);
+    /* and the process grew by the first read's copies (3 MiB), not the failed ones (24 MiB) */
+    CHECK(before >= 0 && after >= 0);
+    if (before >= 0 && after >= 0) {
+        /* (sanitizer runtimes keep per-thread state in anonymous memory too) */
+        int64_t grew = after - before,
+                allowed = (int64_t)(ih.offset - ie.offset + 4 * MIB + (SANITIZED ? 2 * MIB : 0));
+        if (grew > allowed)
+            fprintf(stderr, "failed read: anonymous memory grew by %.2f MiB (allowed %.2f)\n",
+                    (double)grew / (double)MIB, (double)allowed / (double)MIB);
+        CHECK(grew <= allowed);
+    }
+    ferry_stats st = stats_of(f);
+    CHECK_EQ_INT(st.resident_bytes[0], st.home_host_bytes);
+
+    /* whole again (same inode): the same manager loads the rest */
+    CHECK_EQ_INT(rewrite_file(g_big, orig, size), 0);
+    rc = ferry_load_group(f, "all");
+    if (rc)
+        fprintf(stderr, "load_group after the rewrite: %s\n", ferry_errmsg(f));
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
+    CHECK_EQ_INT(count_same(f, ts, n), n);
+    CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+    st = stats_of(f);
+    CHECK(st.resident_bytes[0] >= size / 2);
+    CHECK_EQ_INT(st.resident_bytes[0], st.home_host_bytes);
+    free(ts);
+    ferry_destroy(f);
+    free(orig);
+}
+
+/* r5: load DIRECT, host budget B smaller than the model. The copies the budget refuses leave
+ * holes in the arena, and the small copies claimed between them (each layer's attn_norm) are
+ * reads of a page or two. Resident memory stays what the budget counts: before the fix the
+ * whole arena was advised MADV_HUGEPAGE, so each such page faulted in a 2 MiB huge page (the
+ * reviewer saw 20 MiB resident under a 13 MiB budget). */
+static void test_budget_holes_resident(void)
+{
+    if (!big_model())
+        return;
+    const uint64_t budget = 4 * MIB + MIB / 2;
+    ferry_options o = {.host_budget = budget};
+    ferry *f = ferry_create(&o);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
+    size_t n = 0;
+    ferry_tensor **ts = fixture_open_all(f, g_big, &p, &n);
+    ferry_tensor *emb = ferry_find(f, "token_embd.weight");
+    ferry_tensor *warm = ferry_find(f, "output_norm.weight");
+    CHECK(ts && emb && warm);
+    if (!ts || !emb || !warm) {
+        free(ts);
+        ferry_destroy(f);
+        return;
+    }
+    /* one small load first: the loader threads and the I/O pool run before the measurement */
+    CHECK_EQ_INT(ferry_prepare(f, &warm, 1), 0);
+    CHECK_EQ_INT(ferry_release(f, &warm, 1), 0);
+    int64_t before = anon_resident();
+    int rc = ferry_load_group(f, "all");
+    int64_t after = anon_resident();
+    CHECK_EQ_INT(rc, FERRY_EBUDGET);
+    ferry_stats st = stats_of(f);
+    CHECK(st.resident_bytes[0] <= budget);
+    CHECK(st.peak_bytes[0] <= budget);
+    CHECK_EQ_INT(st.resident_bytes[0], st.home_host_bytes);
+    CHECK(st.resident_bytes[0] >= 3 * MIB); /* token_embd and blk.0's attention fit */
+    /* the arena's resident pages are those of the copies the budget counts */
+    const ferry__arena *a = emb->comp.mem.arena;
+    CHECK(a != NULL);
+    if (a) {
+        uint64_t res = resident_in(a->base, a->len);
+        if (res > st.resident_bytes[0])
+            fprintf(stderr, "arena: %.2f MiB resident, %.2f MiB counted\n",
+                    (double)res / (double)MIB, (double)st.resident_bytes[0] / (double)MIB);
+        CHECK(res <= st.resident_bytes[0]);
+    }
+    CHECK(before >= 0 && after >= 0);
+    if (before >= 0 && after >= 0) {
+        /* (sanitizer runtimes keep per-thread state, the toucher's too, in anonymous memory) */
+        int64_t grew = after - before,
+                allowed = (int64_t)(budget + 2 * MIB + (SANITIZED ? 2 * MIB : 0));
+        if (grew > allowed)
+            fprintf(stderr, "budget %.2f MiB: anonymous memory grew by %.2f MiB\n",
+                    (double)budget / (double)MIB, (double)grew / (double)MIB);
+        CHECK(grew <= allowed);
+    }
+    free(ts);
+    ferry_destroy(f);
+}
+
+/* r6: home disk, load READ, a one-shot phase (token_embd and blk.0, prepared once) and then a
+ * loop over the rest, with a host budget of the loop's copies + 1 MiB. The first tensor never
+ * comes again, so the schedule never completes; before the fix eviction kept ranking copies by
+ * their (bit-reversed) first-use position for good, kept the dead one-shot token_embd and re-read
+ * part of the loop every pass. Once warm, a loop pass reads nothing. */
+static void test_one_shot_then_loop(void)
+{
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
+    /* the loop's copy sizes, from the plan of a manager without a budget */
+    ferry *probe = ferry_create(NULL);
+    size_t n = 0;
+    ferry_tensor **ts = fixture_open_all(probe, g_path, &p, &n);
+    ferry_placement *pl = NULL;
+    size_t np = 0;
+    CHECK(ts != NULL && n == g_n);
+    CHECK_EQ_INT(ts ? ferry_plan(probe, &pl, &np, NULL) : -1, 0);
+    size_t first_loop = n;
+    for (size_t i = 0; ts && i < n; i++)
+        if (strcmp(info_of(ts[i]).name, "blk.1.attn_norm.weight") == 0)
+            first_loop = i;
+    CHECK(first_loop >= 2 && first_loop + 2 < n);
+    uint64_t loop_bytes = 0, loop_nbytes = 0;
+    for (size_t i = first_loop; pl && i < np && i < n; i++) {
+        loop_bytes += pl[i].compute_bytes;
+        loop_nbytes += info_of(ts[i]).nbytes;
+    }
+    CHECK(np == n && loop_bytes >= loop_nbytes && loop_nbytes > 0);
+    free(pl);
+    free(ts);
+    ferry_destroy(probe);
+    if (np != n || first_loop + 2 >= n || !loop_nbytes)
+        return;
+
+    ferry_options o = {.host_budget = loop_bytes + MIB};
+    ferry *f = ferry_create(&o);
+    ts = fixture_open_all(f, g_path, &p, &n);
+    CHECK(ts != NULL && n == g_n);
+    if (!ts || n != g_n) {
+        free(ts);
+        ferry_destroy(f);
+        return;
+    }
+    int ok = 1;
+    for (size_t i = 0; ok && i < first_loop; i++) {
+        ok = ferry_prepare(f, &ts[i], 1) == 0;
+        if (ok)
+            ok = ferry_release(f, &ts[i], 1) == 0;
+    }
+    uint64_t read[5] = {0};
+    for (int pass = 0; ok && pass < 5; pass++) {
+        uint64_t r0 = stats_of(f).bytes_read;
+        for (size_t i = first_loop; ok && i < n; i++) {
+            int prepared = ferry_prepare(f, &ts[i], 1) == 0;
+            ok = prepared && fixture_same_as_file(f, ts[i]);
+            if (prepared)
+                ok = ferry_release(f, &ts[i], 1) == 0 && ok;
+        }
+        read[pass] = stats_of(f).bytes_read - r0;
+    }
+    if (!ok)
+        fprintf(stderr, "one-shot then loop: %s\n", ferry_errmsg(f));
+    CHECK(ok);
+    CHECK(read[0] >= loop_nbytes);
+    for (int pass = 2; pass < 5; pass++) {
+        if (read[pass])
+            fprintf(stderr, "loop pass %d read %llu bytes (loop %llu, budget %llu)\n", pass,
+                    (unsigned long long)read[pass], (unsigned long long)loop_bytes,
+                    (unsigned long long)o.host_budget);
+        CHECK_EQ_INT(read[pass], 0);
+    }
+    ferry_stats st = stats_of(f);
+    CHECK(st.resident_bytes[0] <= o.host_budget);
+    CHECK(st.peak_bytes[0] <= o.host_budget);
+    free(ts);
+    ferry_destroy(f);
+}
+
+/* ---- r3: an adapter added while a group load's arena read is in flight --------------------- *
+ * The read is held at a gate: this binary's pread (which ferry's thread I/O backend calls,
+ * FERRY_IO_BACKEND=threads) stops the first large read of an armed gate until the test opens it,
+ * so the adapter is added while the copy is LOADING, every time, with no sleeps. */
+
+static ssize_t (*g_real_pread)(int, void *, size_t, off_t);
+static atomic_int g_gate_armed;        /* the next pread of >= 64 KiB stops at the gate */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_held, g_gate_open;   /* g_gate_mu */
+
+static void gate_stop(void)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SANITIZED ? 60 : 20; /* a test that never opens it fails, it does not hang */
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_held = 1;
+    pthread_cond_broadcast(&g_gate_cv);
+    while (!g_gate_open)
+        if (pthread_cond_timedwait(&g_gate_cv, &g_gate_mu, &until) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+    if (n >= 65536 && atomic_load(&g_gate_armed) && atomic_exchange(&g_gate_armed, 0))
+        gate_stop();
+    if (g_real_pread)
+        return g_real_pread(fd, buf, n, off);
+    return (ssize_t)syscall(SYS_pread64, fd, buf, n, (long)off);
+}
+
+/* Waits until the gate holds a read (1), or a generous while (0). */
+static int gate_wait_held(void)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SANITIZED ? 60 : 20;
+    pthread_mutex_lock(&g_gate_mu);
+    while (!g_gate_held)
+        if (pthread_cond_timedwait(&g_gate_cv, &g_gate_mu, &until) == ETIMEDOUT)
+            break;
+    int held = g_gate_held;
+    pthread_mutex_unlock(&g_gate_mu);
+    return held;
+}
+
+static void gate_release(void)
+{
+    atomic_store(&g_gate_armed, 0);
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_open = 1;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+/* A rank-4 LoRA adapter for blk.0.attn_q.weight (256 x 256), every factor 0.5. */
+static int write_adapter(const char *path)
+{
+    ferry_writer *w = ferry_writer_create(FERRY_FORMAT_GGUF);
+    if (!w)
+        return -1;
+    int64_t sa[2] = {256, 4}, sb[2] = {4, 256};
+    float v[1024];
+    for (int i = 0; i < 1024; i++)
+        v[i] = 0.5f;
+    int rc = ferry_writer_set_meta_str(w, "adapter.type", "lora");
+    if (!rc)
+        rc = ferry_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FERRY_DTYPE_F32, 2, sa);
+    if (!rc)
+        rc = ferry_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FERRY_DTYPE_F32, 2, sb);
+    if (!rc)
+        rc = ferry_writer_begin(w, path);
+    if (!rc)
+        rc = ferry_writer_write(w, v, sizeof v);
+    if (!rc)
+        rc = ferry_writer_write(w, v, sizeof v);
+    if (!rc)
+        rc = ferry_writer_finish(w);
+    if (rc)
+        fprintf(stderr, "adapter %s: %s\n", path, ferry_writer_errmsg(w));
+    ferry_writer_destroy(w);
+    return rc;
+}
+
+/* A manager with a sim device as every tensor's compute device, home host, load DIRECT (so a
+ * group load reads the host copies into an arena and a prepare stages from them). */
+static ferry *open_on_sim(void)
+{
+    ferry *f = ferry_create(NULL);
+    int dev = -1;
+    if (!f || ferry_add_device(f, "sim:256MiB", &dev)) {
+        fprintf(stderr, "sim device: %s\n", f ? ferry_errmsg(f) : "no manager");
+        ferry_destroy(f);
+        return NULL;
+    }
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT, .compute_device = dev};
+    if (ferry_open(f, g_path, NULL) || ferry_group_add(f, "all", "*", &p)) {
+        fprintf(stderr, "%s: %s\n", g_path, ferry_errmsg(f));
+        ferry_destroy(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* The staged bytes of T (NB of them) after a prepare with two references, as two engine threads
+ * would hold it; NULL when the prepare or the read fails. */
+static float *staged_bytes(ferry *f, ferry_tensor *t, uint64_t nb)
+{
+    ferry_tensor *tt[2] = {t, t};
+    float *v = malloc(nb);
+    int rc = v ? ferry_prepare(f, tt, 2) : FERRY_ENOMEM;
+    if (rc == 0) {
+        if (ferry_tensor_read(f, t, 0, nb, v) != 0) {
+            free(v);
+            v = NULL;
+        }
+        CHECK_EQ_INT(ferry_release(f, tt, 2), 0);
+    } else {
+        fprintf(stderr, "prepare %s: %s\n", info_of(t).name, ferry_errmsg(f));
+        free(v);
+        v = NULL;
+    }
+    return v;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+/* Joins TH, waiting at most a generous while; a thread still running then is stuck for good:
+ * the run ends as failed (as in join_within). */
+static void join_or_die(pthread_t th, ferry *f, const char *what)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SANITIZED ? 60 : 20;
+    int rc = pthread_timedjoin_np(th, NULL, &until);
+    if (rc == 0)
+        return;
+    fprintf(stderr, "%s: the group load is stuck (%s): %s\n", what, strerror(rc), ferry_errmsg(f));
+    CHECK(!"deadlock");
+    int status = check_finish();
+    fflush(stdout);
+    fflush(stderr);
+    _exit(status);
+}
+
+typedef struct load_arg {
+    ferry *f;
+    int rc;
+} load_arg;
+
+static void *load_main(void *arg)
+{
+    load_arg *a = arg;
+    a->rc = ferry_load_group(a->f, "all");
+    return NULL;
+}
+
+/* Before the fix the copy read while the adapter came was left bound with the old decision
+ * (no merge) and marked stale only for a job's end that never came: the next prepares staged
+ * blk.0.attn_q without the adapter. Now each prepare stages what a manager that had the adapter
+ * from the start stages. */
+static void test_adapter_during_arena_read(void)
+{
+    CHECK_EQ_INT(write_adapter(g_lora), 0);
+    /* the reference: the adapter added before the group load */
+    ferry *f = open_on_sim();
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    ferry_tensor *q = ferry_find(f, "blk.0.attn_q.weight");
+    CHECK(q != NULL);
+    const uint64_t nb = q ? info_of(q).nbytes : 0;
+    const size_t ne = (size_t)(nb / sizeof(float));
+    float *file = q ? fixture_pread(g_path, info_of(q).offset, nb) : NULL;
+    float *ref = NULL;
+    CHECK(file != NULL && ne == 256 * 256);
+    if (file && ne) {
+        CHECK_EQ_INT(ferry_lora_add(f, g_lora, 1.0f, NULL, NULL), 0);
+        CHECK_EQ_INT(ferry_load_group(f, "all"), 0);
+        ref = staged_bytes(f, q, nb);
+    }
+    ferry_destroy(f);
+    CHECK(ref != NULL);
+    if (!ref) {
+        free(file);
+        return;
+    }
+    CHECK(max_diff(ref, file, ne) > 0.5); /* the adapter moves every weight by 1.0 */
+
+    /* the adapter added while the group load's arena read is held at the gate */
+    setenv("FERRY_IO_BACKEND", "threads", 1);
+    f = open_on_sim();
+    unsetenv("FERRY_IO_BACKEND");
+    CHECK(f != NULL);
+    if (!f) {
+        free(file), free(ref);
+        return;
+    }
+    q = ferry_find(f, "blk.0.attn_q.weight");
+    g_gate_held = g_gate_open = 0;
+    atomic_store(&g_gate_armed, 1);
+    load_arg la = {.f = f, .rc = -1};
+    pthread_t th;
+    int started = pthread_create(&th, NULL, load_main, &la) == 0;
+    CHECK(started);
+    int held = started && gate_wait_held();
+    CHECK(held); /* the load's read reached the gate */
+    int lrc = ferry_lora_add(f, g_lora, 1.0f, NULL, NULL);
+    if (lrc)
+        fprintf(stderr, "lora_add during the group load: %s\n", ferry_errmsg(f));
+    CHECK_EQ_INT(lrc, 0);
+    gate_release();
+    if (started)
+        join_or_die(th, f, "test_adapter_during_arena_read");
+    if (la.rc)
+        fprintf(stderr, "group load with an adapter added meanwhile: %s\n", ferry_errmsg(f));
+    CHECK_EQ_INT(la.rc, 0);
+    for (int k = 0; k < 2; k++) {
+        float *got = staged_bytes(f, q, nb);
+        CHECK(got != NULL);
+        if (got) {
+            double d = max_diff(got, ref, ne);
+            if (d > 1e-3)
+                fprintf(stderr, "prepare %d: staged blk.0.attn_q differs from the reference by "
+                        "%g (from the file by %g)\n", k + 1, d, max_diff(got, file, ne));
+            CHECK(d <= 1e-3);
+        }
+        free(got);
+    }
+    ferry_destroy(f);
+    free(file), free(ref);
+}
+
 int main(int argc, char **argv)
 {
     alarm(SANITIZED ? 240 : 60); /* a deadlock ends the run instead of hanging it */
     const char *dir = check_tmpdir("arena");
     snprintf(g_path, sizeof g_path, "%s/model.gguf", dir);
     snprintf(g_trunc, sizeof g_trunc, "%s/trunc.gguf", dir);
+    snprintf(g_big, sizeof g_big, "%s/big.gguf", dir);
+    snprintf(g_lora, sizeof g_lora, "%s/lora.gguf", dir);
+    /* the pread this binary defines (test_adapter_during_arena_read's gate) calls on to the next
+     * one, the sanitizer's or libc's, found before any thread runs */
+    g_real_pread = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread");
     /* about 5 MiB of f32, one dense run: token_embd 1 MiB, two layers of 1.5 MiB (attn 0.5 MiB,
      * ffn 1 MiB, so attn tensors cover a third of their span), output 1 MiB */
     g_n = fixture_layout(g_ts, 2, 256, 512, 1024, FERRY_DTYPE_F32, 0);
@@ -915,7 +1570,12 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } tests[] = {{"direct", test_direct_arena}, {"auto", test_auto},
                  {"truncated", test_truncated}, {"budget", test_budget},
-                 {"sparse", test_sparse},        {"concurrent", test_concurrent}};
+                 {"sparse", test_sparse},        {"concurrent", test_concurrent},
+                 {"auto_over_budget", test_auto_over_budget},
+                 {"failed_read_pages", test_failed_read_pages},
+                 {"budget_holes_resident", test_budget_holes_resident},
+                 {"one_shot_then_loop", test_one_shot_then_loop},
+                 {"adapter_during_arena_read", test_adapter_during_arena_read}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]))
             tests[i].fn();

@@ -116,6 +116,11 @@ static ferry__arena *arena_new(const arena_span *s, size_t n)
     }
     a->map = m;
     a->base = (unsigned char *)(((uintptr_t)m + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
+#ifdef MADV_NOHUGEPAGE
+    /* huge pages only where ferry__arena_ranges asks (THP "always" would give them to blocks
+     * that reach past the reads, holes and refused copies included) */
+    (void)madvise(a->map, a->map_len, MADV_NOHUGEPAGE);
+#endif
     a->file = s[0].t->file;
     a->mode = s[0].mode;
     a->file_start = start;
