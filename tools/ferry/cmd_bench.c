@@ -381,8 +381,8 @@ static int run_direct_before(bench *b)
  * throughput of them all; the best pair is what the other O_DIRECT reads use. Its best figure is
  * reported but not the limit: the largest of eight samples of a disk that varies 10-30% from read
  * to read sits above what one read gives, and a load is one read (measured on the development
- * VM: 1.85-2.11 GB/s best of eight, while single reads with the best pair alternating with
- * ferry's loads gave 1.6-2.3). */
+ * VM, 14 runs of a 2 or 4 GiB model: the best of eight 3-32% above the median of the single reads
+ * with the best pair in the same run, median 10%). */
 static int run_direct(bench *b)
 {
     static const unsigned readers_all[] = {1, 2, 4, 8}, readers_quick[] = {1, 4};
