@@ -809,26 +809,29 @@ static void *race_main(void *arg)
     return NULL;
 }
 
-/* Joins TH, waiting at most a generous while; a thread still waiting then is stuck for good (a
- * deadlock): the manager's tensor states are printed and the run ends as failed, as nothing
- * stuck can be cleaned up. */
-static int join_within(pthread_t th, ferry *f, int round)
+/* Joins TH, waiting at most SECONDS (three times that under sanitizers); a thread still running
+ * then is stuck for good (a deadlock): the manager's tensor states are printed and the run ends
+ * as failed, as nothing stuck can be cleaned up. */
+static void join_or_die(pthread_t th, ferry *f, int seconds, const char *what)
 {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += SANITIZED ? 30 : 10;
+    until.tv_sec += SANITIZED ? 3 * seconds : seconds;
     int rc = pthread_timedjoin_np(th, NULL, &until);
     if (rc == 0)
-        return 0;
-    fprintf(stderr, "test_concurrent round %d: a thread is stuck (%s); tensor states:\n", round,
-            strerror(rc));
-    pthread_mutex_lock(&f->lock);
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        const ferry_tensor *t = f->tensors[i];
-        fprintf(stderr, "  %s: comp %d host %d arena_copy %d\n", t->info.name, (int)t->comp.state,
-                (int)t->host.state, t->arena_copy);
+        return;
+    fprintf(stderr, "%s: a thread is stuck (%s)\n", what, strerror(rc));
+    if (pthread_mutex_trylock(&f->lock) == 0) { /* a thread stuck holding it would hang us */
+        fprintf(stderr, "  last error: %s\n  tensor states:\n", ferry_errmsg(f));
+        for (size_t i = 0; i < f->n_tensors; i++) {
+            const ferry_tensor *t = f->tensors[i];
+            fprintf(stderr, "  %s: comp %d host %d arena_copy %d\n", t->info.name,
+                    (int)t->comp.state, (int)t->host.state, t->arena_copy);
+        }
+        pthread_mutex_unlock(&f->lock);
+    } else {
+        fprintf(stderr, "  (the manager's lock is held)\n");
     }
-    pthread_mutex_unlock(&f->lock);
     CHECK(!"deadlock");
     int status = check_finish();
     fflush(stdout);
@@ -869,8 +872,9 @@ static void test_concurrent(void)
                 race_main(&c);
                 pthread_join(ta, NULL);
             }
-        } else if (join_within(ta, f, round) || join_within(tb, f, round)) {
-            return; /* not reached: join_within ends the run */
+        } else {
+            join_or_die(ta, f, 10, "test_concurrent");
+            join_or_die(tb, f, 10, "test_concurrent");
         }
         pthread_barrier_destroy(&go);
         if (a.rc || b.rc)
@@ -1435,24 +1439,6 @@ static double max_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
-/* Joins TH, waiting at most a generous while; a thread still running then is stuck for good:
- * the run ends as failed (as in join_within). */
-static void join_or_die(pthread_t th, ferry *f, const char *what)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += SANITIZED ? 60 : 20;
-    int rc = pthread_timedjoin_np(th, NULL, &until);
-    if (rc == 0)
-        return;
-    fprintf(stderr, "%s: the group load is stuck (%s): %s\n", what, strerror(rc), ferry_errmsg(f));
-    CHECK(!"deadlock");
-    int status = check_finish();
-    fflush(stdout);
-    fflush(stderr);
-    _exit(status);
-}
-
 typedef struct load_arg {
     ferry *f;
     int rc;
@@ -1521,7 +1507,7 @@ static void test_adapter_during_arena_read(void)
     CHECK_EQ_INT(lrc, 0);
     gate_release();
     if (started)
-        join_or_die(th, f, "test_adapter_during_arena_read");
+        join_or_die(th, f, 20, "test_adapter_during_arena_read");
     if (la.rc)
         fprintf(stderr, "group load with an adapter added meanwhile: %s\n", ferry_errmsg(f));
     CHECK_EQ_INT(la.rc, 0);

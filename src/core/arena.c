@@ -13,9 +13,10 @@
  * pages that are already there and mostly huge, and the disk sees one sequential stream.
  *
  * Measured on the development VM, 2 GiB model, load DIRECT from a cold cache (bench/load_bench
- * --only ferry-direct, alternating with a standalone reader): 1.5-1.6 GB/s against 1.2-1.6 GB/s
- * tensor by tensor into buffers of their own; the same-run O_DIRECT read into one reused
- * huge-page buffer made 1.6-1.8 GB/s. See bench/README.md.
+ * --only ferry-direct, alternating with a standalone reader and a plain O_DIRECT read): 1.52-1.93
+ * GB/s in 8 of 9 runs (one at 1.17) against 1.05-1.19 GB/s tensor by tensor into buffers of
+ * their own; the O_DIRECT read into one reused huge-page buffer made 1.59-2.31 GB/s. See
+ * bench/README.md.
  *
  * Lifetime: an arena holds one reference per copy that lives in it plus one for the load that made
  * it; the mapping goes when the last is released. A released copy gives its whole pages back at
@@ -30,6 +31,7 @@
 #include <sys/mman.h>
 
 #include "core/core.h"
+#include "devices/devices.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -72,11 +74,26 @@ void ferry__arena_release(ferry__arena *a)
         arena_free(a);
 }
 
+/* The whole pages inside [PTR, PTR+N): those a copy in an arena shares with no neighbour. 0 when
+ * there are none. */
+static int own_pages(const void *ptr, uint64_t n, uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = ((uintptr_t)ptr + 4095) & ~(uintptr_t)4095;
+    *hi = ((uintptr_t)ptr + n) & ~(uintptr_t)4095;
+    return ptr && *hi > *lo;
+}
+
+void ferry__arena_unlock(void *ptr, uint64_t n)
+{
+    uintptr_t lo, hi;
+    if (own_pages(ptr, n, &lo, &hi))
+        ferry__host_unlock((void *)lo, hi - lo);
+}
+
 void ferry__arena_trim(const void *ptr, uint64_t n)
 {
-    uintptr_t lo = ((uintptr_t)ptr + 4095) & ~(uintptr_t)4095;
-    uintptr_t hi = ((uintptr_t)ptr + n) & ~(uintptr_t)4095;
-    if (!ptr || hi <= lo)
+    uintptr_t lo, hi;
+    if (!own_pages(ptr, n, &lo, &hi))
         return;
 #ifdef MADV_NOHUGEPAGE
     /* with max_ptes_none high, khugepaged would collapse a partly freed 2 MiB block back into a

@@ -363,6 +363,10 @@ void ferry__arena_stop(ferry__arena_load *L);
 void ferry__arena_end(ferry__arena_load *L);
 /* Drops one reference; the last unmaps the arena. */
 void ferry__arena_release(ferry__arena *a);
+/* Unlocks the pages that hold only bytes of [PTR, PTR+N): the pages a copy shares with its
+ * neighbours stay locked until the arena goes (mlock does not count, and a neighbour may hold
+ * them locked). */
+void ferry__arena_unlock(void *ptr, uint64_t n);
 /* Returns the pages that hold only bytes of [PTR, PTR+N) to the system (and keeps khugepaged
  * from filling them again). */
 void ferry__arena_trim(const void *ptr, uint64_t n);

@@ -9,9 +9,9 @@
  * first one is recorded), a copy used before the load is never taken, and of the rest the one
  * whose recorded position, bits reversed, is highest goes first, so the copies the budget keeps
  * are spread evenly over a pass; the least recently used when recording starts over after the
- * order changed, or with the schedule off. Copies in use
- * (refs > 0), copies being loaded and home copies are never evicted. ferry never goes over a
- * budget: when nothing more can be evicted the reservation fails with FERRY_EBUDGET.
+ * order changed, or with the schedule off. Copies in use (refs > 0), copies being loaded and home
+ * copies are never evicted. ferry never goes over a budget: when nothing more can be evicted the
+ * reservation fails with FERRY_EBUDGET.
  *
  * The pool (per device, while a budget bounds it) exists because fresh memory is expensive: first
  * touch of anonymous host memory is slow on virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree
@@ -133,16 +133,10 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
 
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
-    if (c->locked && c->ptr && c->mem.arena) {
-        /* the pages it shares with its neighbours stay locked until the arena goes: mlock does
-         * not count, and a neighbour may hold them locked */
-        uintptr_t lo = ((uintptr_t)c->ptr + 4095) & ~(uintptr_t)4095;
-        uintptr_t hi = ((uintptr_t)c->ptr + c->locked) & ~(uintptr_t)4095;
-        if (hi > lo)
-            ferry__host_unlock((void *)lo, hi - lo);
-    } else if (c->locked && c->ptr) {
+    if (c->locked && c->ptr && c->mem.arena)
+        ferry__arena_unlock(c->ptr, c->locked);
+    else if (c->locked && c->ptr)
         ferry__host_unlock(c->ptr, c->locked);
-    }
     if (c->mem.arena)
         ferry__arena_trim(c->ptr, t->info.nbytes); /* its neighbours may stay: free its pages now */
     if (c->mem.base || c->mem.size)
@@ -191,7 +185,7 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
                 /* above every distance; tensors the schedule does not hold (rank UINT64_MAX)
                  * above all */
                 uint64_t r = ferry__sched_rank(&f->sched, t->uid);
-                score = UINT64_MAX / 2 + (r > UINT64_MAX / 2 ? UINT64_MAX / 2 : r);
+                score = r == UINT64_MAX ? UINT64_MAX : UINT64_MAX / 2 + r;
             }
         } else if (f->sched.enabled && !f->sched.passes && !f->sched.irregular) {
             /* the first pass: the copies the first complete schedule will keep, not the last

@@ -86,7 +86,7 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
     uint64_t abs = t->info.offset + off;
     int rc;
     double t0 = ferry__tracing(f) ? ferry__now() : 0;
-    if (len < FERRY__PARALLEL_READ || !f->io) {
+    if (len < FERRY__PARALLEL_READ) {
         rc = ferry__io_read(t->file, abs, len, dst, mode, e);
         if (rc)
             ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
@@ -938,17 +938,6 @@ static void arena_read(ferry *f, ferry__arena_load *L)
             r->req.done = arena_read_done;
             r->req.ud = r;
             r->load = L;
-            if (!f->io) {
-                ferry__err e;
-                ferry__err_clear(&e);
-                r->status = ferry__io_read(a->file, r->req.offset, r->req.len, r->req.dst,
-                                           r->req.mode, &e);
-                r->req.err_offset = r->req.offset;
-                size_t len = strnlen(e.msg, sizeof r->req.errmsg - 1);
-                memcpy(r->req.errmsg, e.msg, len);
-                r->req.errmsg[len] = 0;
-                continue;
-            }
             pthread_mutex_lock(&L->m);
             L->reads_left++;
             pthread_mutex_unlock(&L->m);
@@ -1010,9 +999,7 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                         drop_if_unkept(f, t);
                     continue;
                 }
-                if (c->locked)
-                    ferry__host_unlock(c->ptr, c->locked);
-                ferry__arena_trim(c->ptr, t->info.nbytes);
+                ferry__arena_trim(c->ptr, t->info.nbytes); /* never locked: its read failed */
                 ferry__unreserve(f, FERRY__HOST, &c->mem);
                 memset(c, 0, sizeof *c);
                 c->dev = FERRY__HOST;
