@@ -58,7 +58,7 @@ typedef struct options {
     const char *model;
     const char *device;       /* NULL: compute on the cpu */
     uint64_t budget;          /* budget of the compute device, 0: its default */
-    uint64_t host_budget;     /* 0: no limit */
+    uint64_t host_budget;     /* 0: the default host budget */
     ferry_home home;          /* home of the blocks */
     int f32;                  /* stage weights converted to f32 */
     unsigned tokens;
@@ -433,9 +433,7 @@ int main(int argc, char **argv)
     }
 
     /* 1. The manager. The cpu is device 0; an accelerator gets the next id. */
-    ferry_options fo = {0};
-    fo.host_budget = o.host_budget;
-    ferry *f = ferry_create(&fo);
+    ferry *f = ferry_create(NULL);
     if (!f) {
         fprintf(stderr, "engine: out of memory\n");
         return 1;
@@ -450,6 +448,11 @@ int main(int argc, char **argv)
     }
     if (o.budget && (rc = ferry_set_budget(f, dev, o.budget)) != 0) {
         fail(f, "budget", rc);
+        goto out;
+    }
+    /* 0 keeps the default host budget: what the host can give, less a margin (ferry.h) */
+    if (o.host_budget && (rc = ferry_set_budget(f, 0, o.host_budget)) != 0) {
+        fail(f, "host budget", rc);
         goto out;
     }
     int host_compute = dev == 0; /* ferry_tensor_data is host memory only on the cpu */

@@ -403,12 +403,15 @@ typedef struct ferry_options {
                                    threads: as many, and at least 4 (they mostly wait for reads
                                    and device copies). ($FERRY_IO_BACKEND=threads|uring picks the
                                    I/O backend.) */
-    uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: no limit */
+    uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: the default host
+                                   budget (see ferry_set_budget); above the host's RAM or the
+                                   memory cgroup's limit, ferry_create fails */
     int no_schedule;            /* nonzero: never record an access order nor prefetch by it */
 } ferry_options;
 
-/* A manager with the cpu device as device 0, or NULL when memory is exhausted. OPT may be NULL.
- * Destroy with ferry_destroy. */
+/* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
+ * is above what the host can ever hold (ferry_set_budget on a manager made without it says why).
+ * OPT may be NULL. Destroy with ferry_destroy. */
 FERRY_API ferry *ferry_create(const ferry_options *opt);
 /* Closes the manager: cancels and drains everything in flight, then frees all memory and closes
  * the files. Tensor handles become invalid. NULL is a no-op. */
@@ -427,8 +430,9 @@ typedef struct ferry_device_info {
     const char *kind;        /* "cpu", "sim", "cuda" */
     uint64_t total_bytes;    /* memory the device has */
     uint64_t free_bytes;     /* memory it reports free now */
-    uint64_t budget;         /* ferry's budget on it (0: no limit) */
-    uint64_t used_bytes;     /* what ferry holds there now */
+    uint64_t budget;         /* ferry's budget on it (0: no limit, only where the device's
+                                memory cannot be probed) */
+    uint64_t used_bytes;     /* what ferry holds there now, ferry_reserve's bytes included */
     int host_accessible;     /* the CPU reads its memory directly */
 } ferry_device_info;
 
@@ -437,8 +441,34 @@ FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *o
 /* Sets device ID's budget in bytes (the cpu's budget is the host budget). 0: the default (what
  * the device reports free, minus a margin). A smaller budget takes effect before the call
  * returns for everything not in use: it waits for prefetches in flight, then evicts cached
- * copies and pooled buffers down to it; prepared tensors stay. */
+ * copies and pooled buffers down to it; prepared tensors stay.
+ *
+ * The default host budget, which a manager starts with (ferry_options.host_budget 0) and 0 here
+ * restores: what the host can give when it is computed, the smaller of MemAvailable and the
+ * memory cgroup's room (its limit minus its usage, with reclaimable file pages counted as room:
+ * v2 memory.max - memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes, the tightest
+ * cgroup on the way from the process's own to the root), so what the process already holds is
+ * left out, plus what ferry itself holds on the host, minus a margin of an eighth of that,
+ * at least 32 MiB and at most 1 GiB (half of it when that leaves less). The margin is for what
+ * lives outside the budget: I/O buffers, threads, the engine's allocations it does not reserve.
+ * It is computed at ferry_create and at each ferry_set_budget(f, 0, 0), not followed afterwards.
+ * On devices other than the host the default is what the device reports free plus what ferry
+ * holds there, minus 256 MiB.
+ *
+ * A budget above what the device can ever hold (its total memory; on the host, the RAM or the
+ * memory cgroup's limit, the smaller) is refused with FERRY_EBUDGET, the message naming the
+ * budget and that capacity; the budget stays as it was. */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
+/* Reserves BYTES of DEVICE's budget for the engine's own memory (KV cache, activations, compute
+ * buffers), replacing the manager's previous reservation on that device (0 gives it back).
+ * Cached copies are evicted to make room; FERRY_EBUDGET (naming the budget, what is in use and
+ * the request) when it cannot fit even then. */
+FERRY_API int ferry_reserve(ferry *f, int device, uint64_t bytes);
+/* ferry_reserve in detail: ferry allocates nothing; the bytes count as used from then on (in
+ * ferry_get_device_info's used_bytes and ferry_get_stats' resident_bytes) and eviction and
+ * prefetch treat them as held. It waits for prefetches in flight when only their landing can make
+ * the room. A request above the budget itself fails at once. On failure the previous reservation
+ * stays. FERRY_ENOENT for an unknown device. Thread-safe. */
 
 /* Opens a model (as ferry_catalog_add) and adds its tensors under PREFIX. */
 FERRY_API int ferry_open(ferry *f, const char *path, const char *prefix);
@@ -480,10 +510,10 @@ FERRY_API int ferry_validate(ferry *f);
  * counted: a tensor prepared twice must be released twice. On failure no tensor of TS is held.
  * Thread-safe. */
 FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
-/* Drops one reference of each tensor of TS. Home copies (host, device) stay; a staged copy on an
- * accelerator stays cached until its device's budget needs the room; a home-disk copy on the host
- * stays cached only when a host budget is set (ferry_options.host_budget or ferry_set_budget on
- * device 0) — with no host budget nothing of it is kept. */
+/* Drops one reference of each tensor of TS. Home copies (host, device) stay; any other copy (a
+ * staged copy on an accelerator, a home-disk copy on the host, a copy with LoRA merged) stays
+ * cached until its device's budget needs the room — the default budgets included (a copy of an
+ * older LoRA epoch goes at once). */
 FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops every reference of every tensor, after waiting for prefetches in flight; what no budget
  * allows to keep is freed before it returns. */

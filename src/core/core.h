@@ -164,7 +164,8 @@ typedef struct ferry__pool_buf {
 typedef struct ferry__dev {
     ferry_device *d;
     uint64_t budget;          /* 0: unlimited */
-    uint64_t used;            /* live + in flight + pooled */
+    uint64_t used;            /* live + in flight + pooled + reserved */
+    uint64_t reserved;        /* the engine's own memory (ferry_reserve), counted in used */
     uint64_t peak;
     uint64_t pooled;          /* free buffers kept for reuse (host only) */
     ferry__pool_buf *pool;

@@ -14,6 +14,54 @@
 #include "devices/devices.h"
 
 #define FERRY__DEVICE_MARGIN (UINT64_C(256) << 20)
+/* The host's margin: an eighth of what it can give, within these bounds (ferry.h). It covers
+ * what ferry and the engine allocate outside the budget: I/O buffers, threads, metadata. */
+#define FERRY__HOST_MARGIN_MIN (UINT64_C(32) << 20)
+#define FERRY__HOST_MARGIN_MAX (UINT64_C(1) << 30)
+
+/* The default host budget: what the host can give now (MemAvailable and the cgroup's room, the
+ * smaller) plus HELD, what ferry already holds there (its own to budget), less the margin, and
+ * never above the host's capacity. 0 (no limit) only when host memory cannot be probed. */
+static uint64_t host_default_budget(uint64_t held)
+{
+    ferry__host_room r;
+    if (ferry__host_room_probe(&r) || !r.total)
+        return 0;
+    uint64_t give = r.avail > UINT64_MAX - held ? UINT64_MAX : r.avail + held;
+    if (give > r.total)
+        give = r.total;
+    uint64_t margin = give / 8;
+    margin = margin < FERRY__HOST_MARGIN_MIN   ? FERRY__HOST_MARGIN_MIN
+             : margin > FERRY__HOST_MARGIN_MAX ? FERRY__HOST_MARGIN_MAX
+                                               : margin;
+    uint64_t b = give > 2 * margin ? give - margin : give / 2;
+    return b ? b : 1;
+}
+
+/* FERRY_EBUDGET when BYTES is above what device DEV can ever hold (its capacity; on the host, its
+ * RAM or the memory cgroup's limit), naming both; 0 otherwise or when the device cannot say. */
+static int check_capacity(ferry *f, int dev, uint64_t bytes)
+{
+    ferry_device *d = f->devs[dev].d;
+    char b1[32], b2[32];
+    if (dev == FERRY__HOST) {
+        ferry__host_room r;
+        if (ferry__host_room_probe(&r) || !r.total || bytes <= r.total)
+            return 0;
+        if (r.cg_limit == r.total)
+            return ferry__fail(&f->err, FERRY_EBUDGET,
+                               "%s: a host budget of %s is above the memory cgroup's limit of %s",
+                               d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
+        return ferry__fail(&f->err, FERRY_EBUDGET,
+                           "%s: a host budget of %s is above the host's memory of %s", d->name,
+                           ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
+    }
+    uint64_t free_b = 0, total = 0;
+    if (!d->ops->mem_info || d->ops->mem_info(d, &free_b, &total) || !total || bytes <= total)
+        return 0;
+    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: a budget of %s is above the device's capacity of %s",
+                       d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(total, b2));
+}
 
 ferry *ferry_create(const ferry_options *opt)
 {
@@ -39,9 +87,12 @@ ferry *ferry_create(const ferry_options *opt)
     if (!f->cat || ferry_device_open("cpu", &cpu, msg, sizeof msg) != 0)
         goto fail;
     f->devs[0].d = cpu;
-    f->devs[0].budget = f->opt.host_budget;
-    ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
     f->n_devs = 1;
+    if (f->opt.host_budget && check_capacity(f, FERRY__HOST, f->opt.host_budget))
+        goto fail;
+    f->devs[0].budget = f->opt.host_budget ? f->opt.host_budget : host_default_budget(0);
+    /* huge pages only under a budget given: a default run most often loads its copies once */
+    ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
     f->io = ferry__io_create(f->opt.io_threads);
@@ -203,18 +254,25 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     int rc = 0;
+    const uint64_t given = bytes;
     if (device < 0 || device >= f->n_devs) {
         rc = ferry__fail(&f->err, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
     } else {
         ferry_device *d = f->devs[device].d;
         uint64_t free_b = 0, total = 0;
-        if (!bytes && device != FERRY__HOST && d->ops->mem_info &&
-            d->ops->mem_info(d, &free_b, &total) == 0) {
+        if (bytes) {
+            rc = check_capacity(f, device, bytes);
+        } else if (device == FERRY__HOST) {
+            bytes = host_default_budget(f->devs[device].used);
+        } else if (d->ops->mem_info && d->ops->mem_info(d, &free_b, &total) == 0) {
             free_b += f->devs[device].used; /* what ferry holds there is ferry's to budget */
             bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
         }
+    }
+    if (!rc) {
         f->devs[device].budget = bytes;
-        ferry__cpu_set_reuse(d, bytes != 0);
+        /* huge pages only under a budget given (ferry__cpu_set_reuse; no-op off the cpu) */
+        ferry__cpu_set_reuse(f->devs[device].d, given != 0);
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
          * in flight hold reservations that cannot be evicted yet: they land first. */
         if (bytes) {
@@ -222,6 +280,48 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
                 pthread_cond_wait(&f->cond, &f->lock);
             ferry__shrink(f, device);
         }
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_reserve(ferry *f, int device, uint64_t bytes)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    if (device < 0 || device >= f->n_devs) {
+        rc = ferry__fail(&f->err, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
+        pthread_mutex_unlock(&f->lock);
+        return rc;
+    }
+    ferry__dev *D = &f->devs[device];
+    if (bytes <= D->reserved) {
+        D->used -= D->reserved - bytes;
+        D->reserved = bytes;
+        pthread_mutex_unlock(&f->lock);
+        return 0;
+    }
+    uint64_t more = bytes - D->reserved;
+    for (;;) {
+        ferry__mem m;
+        rc = D->budget && bytes > D->budget ? FERRY_EBUDGET
+                                            : ferry__reserve_bytes(f, device, more, &m);
+        /* prefetches in flight hold reservations that become evictable once they land */
+        if (rc != FERRY_EBUDGET || !f->inflight_prefetch || f->closing || bytes > D->budget)
+            break;
+        pthread_cond_wait(&f->cond, &f->lock);
+    }
+    if (rc == 0) {
+        D->reserved = bytes;
+    } else if (rc == FERRY_EBUDGET) {
+        char b1[32], b2[32], b3[32], b4[32];
+        ferry__fail(&f->err, rc,
+                    "%s: cannot reserve %s for the engine: budget %s, %s in use (%s of it "
+                    "reserved), nothing more evictable",
+                    D->d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(D->budget, b2),
+                    ferry__fmt_size(D->used, b3), ferry__fmt_size(D->reserved, b4));
     }
     pthread_mutex_unlock(&f->lock);
     return rc;

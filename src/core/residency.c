@@ -1238,8 +1238,8 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     return rc;
 }
 
-/* After the last release: a copy of an old LoRA epoch goes (re-staged at the next prepare), and
- * so does a home-disk copy when no host budget allows keeping it. */
+/* After the last release: a copy of an old LoRA epoch goes (re-staged at the next prepare);
+ * any other stays cached until its device's budget needs the room. */
 static void drop_if_unkept(ferry *f, ferry_tensor *t)
 {
     if (t->refs || t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING)
@@ -1251,10 +1251,6 @@ static void drop_if_unkept(ferry *f, ferry_tensor *t)
         t->bound = 0; /* the next use decides again (merge or not, zero-copy or not) */
         return;
     }
-    if (t->comp.state != FERRY__READY || t->comp.permanent || t->comp.mapped)
-        return;
-    if (t->comp.dev == FERRY__HOST && !f->devs[FERRY__HOST].budget)
-        ferry__drop_copy(f, t, &t->comp);
 }
 
 static void release_one(ferry *f, ferry_tensor *t)

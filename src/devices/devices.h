@@ -122,6 +122,15 @@ void ferry__host_unlock(void *p, uint64_t n);
 /* Host memory: total and available bytes (MemAvailable), capped by the cgroup's memory limit
  * when there is one. */
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total);
+/* The same, with the cgroup's part on its own: TOTAL and AVAIL as ferry__host_mem_info gives them;
+ * CG_LIMIT, the tightest memory cgroup limit on the way to the root, and CG_ROOM, what may still
+ * be charged under it (UINT64_MAX both when no limit applies). $FERRY_CGROUP_ROOT replaces
+ * /sys/fs/cgroup, and $FERRY_CGROUP_ROOT/proc_self_cgroup /proc/self/cgroup, for tests. */
+typedef struct ferry__host_room {
+    uint64_t total, avail;
+    uint64_t cg_limit, cg_room;
+} ferry__host_room;
+int ferry__host_room_probe(ferry__host_room *out);
 
 /* ---- sim test hooks --------------------------------------------------------------------------- */
 

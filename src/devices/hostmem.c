@@ -4,7 +4,7 @@
  *
  * Available memory is MemAvailable from /proc/meminfo, capped by the memory limit of the cgroup
  * the process runs in (v1 or v2, the tightest limit on the path to the root): in a container the
- * machine's free RAM is not what the process may use.
+ * machine's free RAM is not what the process may use. The default host budget is made of these.
  */
 #include "devices/devices.h"
 
@@ -153,7 +153,16 @@ static uint64_t stat_key(const char *path, const char *key)
  * no limit. */
 static int cgroup_limit(uint64_t *limit, uint64_t *room)
 {
-    FILE *f = fopen("/proc/self/cgroup", "r");
+    /* $FERRY_CGROUP_ROOT stands for /sys/fs/cgroup, and its file proc_self_cgroup for
+     * /proc/self/cgroup: a test builds a limited cgroup there without privileges */
+    const char *fake = getenv("FERRY_CGROUP_ROOT");
+    char membership[800];
+    snprintf(membership, sizeof membership, "%s", "/proc/self/cgroup");
+    if (fake && *fake && strlen(fake) < 200)
+        snprintf(membership, sizeof membership, "%s/proc_self_cgroup", fake);
+    else
+        fake = NULL;
+    FILE *f = fopen(membership, "r");
     if (!f)
         return 0;
     char line[1024], v1path[768] = "", v2path[768] = "";
@@ -188,12 +197,14 @@ static int cgroup_limit(uint64_t *limit, uint64_t *room)
             continue;
         char path[800];
         snprintf(path, sizeof path, "%s", version == 1 ? v1path : v2path);
-        const char *root = version == 1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+        char root[256];
+        snprintf(root, sizeof root, "%s%s", fake ? fake : "/sys/fs/cgroup",
+                 version == 1 ? "/memory" : "");
         const char *limf = version == 1 ? "memory.limit_in_bytes" : "memory.max";
         const char *usef = version == 1 ? "memory.usage_in_bytes" : "memory.current";
         const char *inact = version == 1 ? "total_inactive_file" : "inactive_file";
         for (;;) {
-            char file[1024];
+            char file[1100];
             uint64_t lim, use;
             snprintf(file, sizeof file, "%s%s/%s", root, strcmp(path, "/") ? path : "", limf);
             if (read_u64_file(file, &lim) == 0 && lim < best && lim < (UINT64_C(1) << 62)) {
@@ -226,6 +237,18 @@ static int cgroup_limit(uint64_t *limit, uint64_t *room)
     *limit = best;
     *room = best_room;
     return 1;
+}
+
+int ferry__host_room_probe(ferry__host_room *out)
+{
+    memset(out, 0, sizeof *out);
+    out->cg_limit = out->cg_room = UINT64_MAX;
+    uint64_t lim, room;
+    if (cgroup_limit(&lim, &room)) {
+        out->cg_limit = lim;
+        out->cg_room = room;
+    }
+    return ferry__host_mem_info(&out->avail, &out->total);
 }
 
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total)

@@ -110,14 +110,12 @@ static demo_figures fig;
 /* A manager on PATH with one policy for every tensor; NULL after printing why. */
 static ferry *open_model(const char *path, const ferry_policy *p, uint64_t host_budget)
 {
-    ferry_options o = {0};
-    o.host_budget = host_budget;
-    ferry *f = ferry_create(&o);
+    ferry *f = ferry_create(NULL);
     if (!f) {
         cli_error("out of memory");
         return NULL;
     }
-    if (ferry_open(f, path, NULL) || ferry_group_add(f, "all", "*", p)) {
+    if ((host_budget && ferry_set_budget(f, 0, host_budget)) || ferry_open(f, path, NULL) || ferry_group_add(f, "all", "*", p)) {
         cli_fail(path, ferry_errmsg(f), -1);
         ferry_destroy(f);
         return NULL;

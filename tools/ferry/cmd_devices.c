@@ -108,7 +108,11 @@ static void print_text(const dev_list *l)
                    cli_size(r->info.total_bytes, b));
         else
             printf("%-18s   memory: not reported\n", "");
-        if (r->info.budget)
+        if (r->info.budget && !strcmp(r->info.kind, "cpu"))
+            printf("%-18s   budget: %s by default: what the host can give, less a margin "
+                   "(ferry holds %s; ferry run --budget host=SIZE sets one)\n",
+                   "", cli_size(r->info.budget, c), cli_size(r->info.used_bytes, a));
+        else if (r->info.budget)
             printf("%-18s   budget: %s (ferry holds %s)\n", "", cli_size(r->info.budget, c),
                    cli_size(r->info.used_bytes, a));
         else if (!strcmp(r->info.kind, "cpu"))

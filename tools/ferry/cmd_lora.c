@@ -4,9 +4,9 @@
  *
  * merge goes through the manager, so the merged file holds exactly what an engine gets from
  * ferry_prepare with the same adapters (the same f32 arithmetic, the same rounding into each
- * weight's type). The base lives on disk (home disk, no budget): each tensor is prepared, written
- * and released in file order, so memory holds about one weight at a time (two with the prefetch
- * of the next). Adapters are added as required: a weight they cover that cannot take a merge
+ * weight's type). The base lives on disk (home disk, the default host budget): each tensor is
+ * prepared, written and released in file order; what is written stays cached only as far as the
+ * budget has room, and is evicted first when it needs it. Adapters are added as required: a weight they cover that cannot take a merge
  * (a k-quant, say) fails the command rather than being written unmerged. The output is written
  * atomically by ferry_writer (nothing appears under OUT unless complete) and keeps the base's
  * metadata; safetensors holds only string metadata, so other values are written as text there
@@ -332,8 +332,8 @@ static int lora_merge(int argc, char **argv)
     }
     if (fmt == FERRY_FORMAT_UNKNOWN)
         fmt = ferry_catalog_file_format(c, 0);
-    /* One weight at a time from the file: nothing kept, no budget, never lazy (a lazy weight
-     * cannot take a merge). */
+    /* One weight at a time from the file, never lazy (a lazy weight cannot take a merge);
+     * written weights stay cached only while the default host budget has room for them. */
     ferry_policy p;
     memset(&p, 0, sizeof p);
     p.home = FERRY_HOME_DISK;

@@ -195,11 +195,15 @@ static int add_split(runopts *r, ferry *f)
 
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
 {
-    ferry_options o = {0};
-    o.host_budget = r->host_budget;
-    ferry *f = ferry_create(&o);
+    ferry *f = ferry_create(NULL);
     if (!f)
         return cli_error("out of memory");
+    /* set after creation, so that a budget the host cannot hold is refused with the reason */
+    if (r->host_budget && ferry_set_budget(f, 0, r->host_budget)) {
+        cli_error("%s", ferry_errmsg(f));
+        ferry_destroy(f);
+        return CLI_EXIT_FAIL;
+    }
     int dev = 0;
     if (r->device && strcmp(r->device, "cpu") != 0 && ferry_add_device(f, r->device, &dev)) {
         cli_error("%s", ferry_errmsg(f));
