@@ -27,8 +27,8 @@ static uint64_t resident(ferry *f, int dev)
 /* The prepared bytes of T equal the file's (no conversion). */
 /* ---- what stays resident ---------------------------------------------------------------------- */
 
-/* No host budget: a home-disk copy on the host is not kept after its last release. A prepare that
- * fails must leave the same state: nothing of the set held, nothing of it kept. */
+/* Under the default host budget a home-disk copy on the host stays cached after its last release.
+ * A prepare that fails must leave no more: nothing of the set held, at most that cached. */
 static void test_failed_prepare_keeps_nothing(void)
 {
     ferry *f = ferry_create(NULL);
@@ -41,9 +41,12 @@ static void test_failed_prepare_keeps_nothing(void)
     CHECK_EQ_INT(ferry_group_add(f, "d", "blk.1.*", &dev), 0);
     ferry_tensor *set[2] = {ferry_find(f, "blk.0.ffn_up.weight"),
                             ferry_find(f, "blk.1.ffn_up.weight")};
-    /* the reference: prepare and release keep nothing on the host */
+    /* the reference: prepare and release hold nothing on the host, and keep what is cached */
     CHECK_EQ_INT(ferry_prepare(f, set, 2), 0);
     CHECK_EQ_INT(ferry_release(f, set, 2), 0);
+    uint64_t kept = resident(f, 0);
+    ferry_set_budget(f, 0, 1);
+    ferry_set_budget(f, 0, 0);
     CHECK_EQ_INT(resident(f, 0), 0);
     /* the same set, the device allocation failing */
     ferry_set_budget(f, sim, 1);
@@ -58,15 +61,16 @@ static void test_failed_prepare_keeps_nothing(void)
         pthread_cond_wait(&f->cond, &f->lock);
     pthread_mutex_unlock(&f->lock);
     uint64_t r = resident(f, 0);
-    if (r)
-        fprintf(stderr, "failed prepare: %llu bytes stay on the host with no host budget\n",
-                (unsigned long long)r);
-    CHECK_EQ_INT(r, 0);
+    if (r > kept)
+        fprintf(stderr, "failed prepare: %llu bytes stay on the host, %llu after a success\n",
+                (unsigned long long)r, (unsigned long long)kept);
+    CHECK(r <= kept);
     ferry_destroy(f);
 }
 
-/* A host budget, then none: cached home-disk copies and pooled buffers were kept because of the
- * budget; with the budget lifted nothing of it is kept (and `used` is what ferry holds). */
+/* A host budget, then the default: cached home-disk copies and pooled buffers were kept because
+ * of the budget; with the budget lifted the pool goes and the cached copies stay (and `used` is
+ * what ferry holds). */
 static void test_budget_lifted(void)
 {
     ferry *f = ferry_create(NULL);
@@ -98,11 +102,11 @@ static void test_budget_lifted(void)
     pthread_mutex_lock(&f->lock);
     uint64_t pooled = f->devs[0].pooled;
     pthread_mutex_unlock(&f->lock);
-    if (r)
+    if (pooled)
         fprintf(stderr, "host budget lifted: %llu bytes still held (%llu of them pooled)\n",
                 (unsigned long long)r, (unsigned long long)pooled);
     CHECK_EQ_INT(pooled, 0);
-    CHECK_EQ_INT(r, 0);
+    CHECK(r > 0 && r <= model / 2);
     free(ts);
     ferry_destroy(f);
 }

@@ -91,7 +91,9 @@ ferry *ferry_create(const ferry_options *opt)
     if (f->opt.host_budget && check_capacity(f, FERRY__HOST, f->opt.host_budget))
         goto fail;
     f->devs[0].budget = f->opt.host_budget ? f->opt.host_budget : host_default_budget(0);
-    /* huge pages only under a budget given: a default run most often loads its copies once */
+    /* pool and huge pages only under a budget given: a default run most often loads its copies
+     * once, and a pool would keep what it frees from the rest of the host */
+    f->devs[0].no_pool = !f->opt.host_budget;
     ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
@@ -271,8 +273,11 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
     }
     if (!rc) {
         f->devs[device].budget = bytes;
-        /* huge pages only under a budget given (ferry__cpu_set_reuse; no-op off the cpu) */
+        /* pool and huge pages only under a host budget given (ferry__cpu_set_reuse: no-op off
+         * the cpu); a pool left from before is trimmed by the shrink below */
         ferry__cpu_set_reuse(f->devs[device].d, given != 0);
+        if (device == FERRY__HOST)
+            f->devs[device].no_pool = !given;
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
          * in flight hold reservations that cannot be evicted yet: they land first. */
         if (bytes) {
@@ -280,6 +285,8 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
                 pthread_cond_wait(&f->cond, &f->lock);
             ferry__shrink(f, device);
         }
+        if (f->devs[device].no_pool)
+            ferry__pool_trim(f, device, UINT64_MAX);
     }
     pthread_mutex_unlock(&f->lock);
     return rc;

@@ -13,7 +13,8 @@
  * copies are never evicted. ferry never goes over a budget: when nothing more can be evicted the
  * reservation fails with FERRY_EBUDGET.
  *
- * The pool (per device, while a budget bounds it) exists because fresh memory is expensive: first
+ * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
+ * exists because fresh memory is expensive: first
  * touch of anonymous host memory is slow on virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree
  * synchronize the device, and a streamed model reuses the same few buffer sizes layer after layer.
  * On other devices a pooled buffer serves a request of about its size. On the cpu device a request
@@ -116,7 +117,7 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     if (m->arena) {
         D->used -= m->size;
         ferry__arena_release(m->arena);
-    } else if (!(m->base && D->budget && pool_put(f, dev, m->base, m->size))) {
+    } else if (!(m->base && D->budget && !D->no_pool && pool_put(f, dev, m->base, m->size))) {
         if (m->base)
             dev_free(f, dev, m->base);
         D->used -= m->size;
@@ -352,7 +353,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
-    int stitch = use_pool && D->budget && !D->no_stitch && ferry__cpu_is(D->d) &&
+    int stitch = use_pool && D->budget && !D->no_pool && !D->no_stitch && ferry__cpu_is(D->d) &&
                  size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
     if (stitch)
         size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
