@@ -3,7 +3,8 @@
 # that `ferry gen` writes, and checks what it reports:
 #   - the same logits (checksum) whatever the placement: blocks streamed from disk or kept in host
 #     RAM (zero-copy), under a tight host budget or none; and again when staged converted to f32;
-#   - with a host budget that holds the model, tokens after the first read only their embedding
+#   - with a host budget that holds the model (the default one included), tokens after the first
+#     read only their embedding
 #     row (the blocks stay cached), and zero-copy blocks read nothing at all;
 #   - GGUF and safetensors, the cpu and the sim device (with a budget that forces evictions);
 #   - ferry_validate reports every mismatching tensor, and bad input fails with exit 1.
@@ -80,6 +81,12 @@ for t in 1 2; do
     [ "$(token_read $t)" -eq 128 ] || fail "token $t read $(token_read $t) bytes, expected 128"
 done
 [ "$(stat_value misses)" -eq 9 ] || fail "expected 9 prefetch misses (layer 0 of token 0 only)"
+# The same under the default host budget (none given): what the host can give holds the model.
+ok "$work/m.gguf" --tokens 3
+[ "$(token_read 0)" -gt 100000 ] || fail "token 0 read $(token_read 0) bytes, expected the blocks"
+for t in 1 2; do
+    [ "$(token_read $t)" -eq 128 ] || fail "default budget: token $t read $(token_read $t) bytes, expected 128"
+done
 
 # Zero-copy (home host on the cpu, no conversion): only the embedding rows are ever read.
 ok "$work/m.gguf" --home host --tokens 3
