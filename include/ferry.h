@@ -452,6 +452,9 @@ FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *o
  * at least 32 MiB and at most 1 GiB (half of it when that leaves less). The margin is for what
  * lives outside the budget: I/O buffers, threads, the engine's allocations it does not reserve.
  * It is computed at ferry_create and at each ferry_set_budget(f, 0, 0), not followed afterwards.
+ * Under it freed host buffers go back to the system; a budget given pools them for reuse.
+ * ($FERRY_CGROUP_ROOT, for tests, stands for /sys/fs/cgroup, and the file proc_self_cgroup in it
+ * for /proc/self/cgroup.)
  * On devices other than the host the default is what the device reports free plus what ferry
  * holds there, minus 256 MiB.
  *
@@ -513,7 +516,7 @@ FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops one reference of each tensor of TS. Home copies (host, device) stay; any other copy (a
  * staged copy on an accelerator, a home-disk copy on the host, a copy with LoRA merged) stays
  * cached until its device's budget needs the room — the default budgets included (a copy of an
- * older LoRA epoch goes at once). */
+ * older LoRA epoch goes at its last release). */
 FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops every reference of every tensor, after waiting for prefetches in flight; what no budget
  * allows to keep is freed before it returns. */
