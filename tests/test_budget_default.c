@@ -37,7 +37,8 @@ static uint64_t meminfo_kb(const char *key)
     uint64_t v = 0, kb;
     size_t kl = strlen(key);
     while (fp && fgets(line, sizeof line, fp))
-        if (!strncmp(line, key, kl) && line[kl] == ':' && sscanf(line + kl + 1, "%" SCNu64, &kb) == 1)
+        if (!strncmp(line, key, kl) && line[kl] == ':' &&
+            sscanf(line + kl + 1, "%" SCNu64, &kb) == 1)
             v = kb;
     if (fp)
         fclose(fp);
@@ -85,7 +86,7 @@ static void fake_cgroup(const char *dir, int v2, uint64_t limit, uint64_t usage)
     setenv("FERRY_CGROUP_ROOT", root, 1);
 }
 
-/* ---- the default and its limits --------------------------------------------------------------- */
+/* ---- the default and its limits -------------------------------------------------------------- */
 
 static void test_default_is_what_the_host_gives(void)
 {
@@ -164,7 +165,7 @@ static void test_simulated_cgroup(const char *dir)
         ferry_tensor **ts = fixture_all_tensors(f, &n);
         int rc = ferry_load_group(f, "all");
         CHECK_EQ_INT(rc, FERRY_EBUDGET);
-        CHECK(strstr(ferry_errmsg(f), "budget") != NULL);
+        CHECK(strstr(ferry_errmsg(f), "budget") && strstr(ferry_errmsg(f), "the default"));
         CHECK(info_of(f, 0).used_bytes <= info_of(f, 0).budget);
         free(ts);
         ferry_destroy(f);
@@ -172,7 +173,7 @@ static void test_simulated_cgroup(const char *dir)
         /* the same through the tool: exit status 1 and the message, never a kill */
         rc = run("run '%s' --home host --load read --passes 1 --quiet", g_big);
         CHECK_EQ_INT(rc, 1);
-        CHECK(strstr(err_text, "budget") != NULL);
+        CHECK(strstr(err_text, "budget") && strstr(err_text, "memory cgroup"));
         rc = run("devices --json");
         CHECK_EQ_INT(rc, 0);
         CHECK(strstr(out_text, "\"total_bytes\": 134217728") ||
@@ -190,7 +191,7 @@ static void test_simulated_cgroup(const char *dir)
     unsetenv("FERRY_CGROUP_ROOT");
 }
 
-/* ---- a real memory cgroup --------------------------------------------------------------------- */
+/* ---- a real memory cgroup -------------------------------------------------------------------- */
 
 /* Makes a child memory cgroup limited to LIMIT under this process's own; its folder in CG (and
  * the file to write a pid into in PROCS). 0 when it cannot be made (not root, no controller). */
@@ -224,8 +225,9 @@ static int make_cgroup(uint64_t limit, char *cg, size_t len, char *procs, size_t
         int v = pass == 0 ? 1 : 2;
         if ((v == 1 && !have_v1) || (v == 2 && !have_v2))
             continue;
-        snprintf(cg, len, "%s%s/ferry-budget-test.%d", v == 1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup",
-                 v == 1 ? v1 : v2, (int)getpid());
+        snprintf(cg, len, "%s%s/ferry-budget-test.%d",
+                 v == 1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup", v == 1 ? v1 : v2,
+                 (int)getpid());
         if (mkdir(cg, 0755) != 0) {
             fprintf(stderr, "cgroup v%d: mkdir %s: %s\n", v, cg, strerror(errno));
             continue;
@@ -315,7 +317,7 @@ static void test_real_cgroup(const char *dir)
         fprintf(stderr, "rmdir %s: %s\n", cg, strerror(errno));
 }
 
-/* ---- caching by default ----------------------------------------------------------------------- */
+/* ---- caching by default ---------------------------------------------------------------------- */
 
 static uint64_t bytes_read(ferry *f)
 {
@@ -379,7 +381,7 @@ static void test_merged_cached_by_default(void)
     ferry_destroy(f);
 }
 
-/* ---- reservations ----------------------------------------------------------------------------- */
+/* ---- reservations ---------------------------------------------------------------------------- */
 
 static void test_reserve(void)
 {

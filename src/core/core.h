@@ -171,8 +171,8 @@ typedef struct ferry__dev {
     ferry__pool_buf *pool;
     size_t n_pool, cap_pool;
     int no_stitch;            /* the kernel cannot move pages (not Linux): pool by size only */
-    int no_pool;              /* the host under its default budget: freed buffers go back to
-                                 the system (a pool would hold them from everything else) */
+    int default_budget;       /* the host under its default budget: no pool, freed buffers go
+                                 back to the system (a pool would hold them from the rest) */
 } ferry__dev;
 
 typedef struct ferry__job {

@@ -59,8 +59,9 @@ static int check_capacity(ferry *f, int dev, uint64_t bytes)
     uint64_t free_b = 0, total = 0;
     if (!d->ops->mem_info || d->ops->mem_info(d, &free_b, &total) || !total || bytes <= total)
         return 0;
-    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: a budget of %s is above the device's capacity of %s",
-                       d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(total, b2));
+    return ferry__fail(&f->err, FERRY_EBUDGET,
+                       "%s: a budget of %s is above the device's capacity of %s", d->name,
+                       ferry__fmt_size(bytes, b1), ferry__fmt_size(total, b2));
 }
 
 ferry *ferry_create(const ferry_options *opt)
@@ -93,7 +94,7 @@ ferry *ferry_create(const ferry_options *opt)
     f->devs[0].budget = f->opt.host_budget ? f->opt.host_budget : host_default_budget(0);
     /* pool and huge pages only under a budget given: a default run most often loads its copies
      * once, and a pool would keep what it frees from the rest of the host */
-    f->devs[0].no_pool = !f->opt.host_budget;
+    f->devs[0].default_budget = !f->opt.host_budget;
     ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
@@ -277,7 +278,7 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
          * the cpu); a pool left from before is trimmed by the shrink below */
         ferry__cpu_set_reuse(f->devs[device].d, given != 0);
         if (device == FERRY__HOST)
-            f->devs[device].no_pool = !given;
+            f->devs[device].default_budget = !given;
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
          * in flight hold reservations that cannot be evicted yet: they land first. */
         if (bytes) {
@@ -285,7 +286,7 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
                 pthread_cond_wait(&f->cond, &f->lock);
             ferry__shrink(f, device);
         }
-        if (f->devs[device].no_pool)
+        if (f->devs[device].default_budget)
             ferry__pool_trim(f, device, UINT64_MAX);
     }
     pthread_mutex_unlock(&f->lock);

@@ -117,7 +117,8 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     if (m->arena) {
         D->used -= m->size;
         ferry__arena_release(m->arena);
-    } else if (!(m->base && D->budget && !D->no_pool && pool_put(f, dev, m->base, m->size))) {
+    } else if (!(m->base && D->budget && !D->default_budget &&
+                 pool_put(f, dev, m->base, m->size))) {
         if (m->base)
             dev_free(f, dev, m->base);
         D->used -= m->size;
@@ -353,8 +354,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
-    int stitch = use_pool && D->budget && !D->no_pool && !D->no_stitch && ferry__cpu_is(D->d) &&
-                 size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
+    int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
+                 ferry__cpu_is(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
     if (stitch)
         size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
     else if (use_pool && pool_take(f, dev, size, out))
@@ -362,8 +363,11 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     if (D->budget && size > D->budget) {
         /* never fits: fail before evicting anything */
         char b1[32], b2[32];
-        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s do not fit in a budget of %s",
-                           D->d->name, ferry__fmt_size(size, b1), ferry__fmt_size(D->budget, b2));
+        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s do not fit in a budget of %s%s",
+                           D->d->name, ferry__fmt_size(size, b1), ferry__fmt_size(D->budget, b2),
+                           D->default_budget ? " (the default: what the host's RAM and memory "
+                                               "cgroup can give, less a margin)"
+                                             : "");
     }
     for (;;) {
         uint64_t room = !D->budget ? UINT64_MAX
@@ -386,8 +390,11 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         if (!v) {
             char b1[32], b2[32], b3[32];
             return ferry__fail(&f->err, FERRY_EBUDGET,
-                               "%s: budget %s: cannot fit %s more (%s held, nothing evictable)",
+                               "%s: budget %s%s: cannot fit %s more (%s held, nothing evictable)",
                                D->d->name, ferry__fmt_size(D->budget, b1),
+                               D->default_budget ? " (the default: what the host's RAM and memory "
+                                                   "cgroup can give, less a margin)"
+                                                 : "",
                                ferry__fmt_size(size, b2), ferry__fmt_size(D->used, b3));
         }
         evict(f, v);

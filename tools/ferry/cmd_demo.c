@@ -115,7 +115,8 @@ static ferry *open_model(const char *path, const ferry_policy *p, uint64_t host_
         cli_error("out of memory");
         return NULL;
     }
-    if ((host_budget && ferry_set_budget(f, 0, host_budget)) || ferry_open(f, path, NULL) || ferry_group_add(f, "all", "*", p)) {
+    if ((host_budget && ferry_set_budget(f, 0, host_budget)) || ferry_open(f, path, NULL) ||
+        ferry_group_add(f, "all", "*", p)) {
         cli_fail(path, ferry_errmsg(f), -1);
         ferry_destroy(f);
         return NULL;

@@ -6,7 +6,7 @@
  * ferry_prepare with the same adapters (the same f32 arithmetic, the same rounding into each
  * weight's type). The base lives on disk (home disk, the default host budget): each tensor is
  * prepared, written and released in file order; what is written stays cached only as far as the
- * budget has room, and is evicted first when it needs it. Adapters are added as required: a weight they cover that cannot take a merge
+ * budget has room. Adapters are added as required: a weight they cover that cannot take a merge
  * (a k-quant, say) fails the command rather than being written unmerged. The output is written
  * atomically by ferry_writer (nothing appears under OUT unless complete) and keeps the base's
  * metadata; safetensors holds only string metadata, so other values are written as text there
