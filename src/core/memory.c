@@ -14,9 +14,9 @@
  * reservation fails with FERRY_EBUDGET.
  *
  * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
- * exists because fresh memory is expensive: first
- * touch of anonymous host memory is slow on virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree
- * synchronize the device, and a streamed model reuses the same few buffer sizes layer after layer.
+ * exists because fresh memory is expensive: first touch of anonymous host memory is slow on
+ * virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree synchronize the device, and a streamed
+ * model reuses the same few buffer sizes layer after layer.
  * On other devices a pooled buffer serves a request of about its size. On the cpu device a request
  * of any size is served from pooled pages whatever their sizes: ferry__cpu_stitch cuts a larger
  * block or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh
