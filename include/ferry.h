@@ -81,6 +81,7 @@ enum {
     FERRY_EUNSUPPORTED = -22,/* the operation is not supported in this configuration */
     FERRY_ELORA = -23,       /* an adapter does not fit its base tensors */
     FERRY_EMISMATCH = -24,   /* data differs from what was expected (reserved for verification) */
+    FERRY_ECHANGED = -25,    /* the model file changed since it was opened */
 };
 
 /* A short static description of an error code ("truncated file"). Never NULL. */
@@ -527,7 +528,18 @@ FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
 /* The data pointer of a prepared tensor on its compute device (a device address for accelerators),
  * NULL when T is not prepared or is split over several devices (see ferry_tensor_get_part).
  * A lazy tensor is always host memory behind the file mapping, whatever its compute device (as
- * llama.cpp's lazy tensors), and is never converted. */
+ * llama.cpp's lazy tensors), and is never converted.
+ *
+ * A file that changes while it is open: a zero-copy or lazy pointer (load mmap, or auto on cached
+ * bytes; home host, untransformed, on the cpu) is the file's mapping itself, so "unchanged until
+ * the matching ferry_release" holds only while nobody else writes the file. Overwritten in place,
+ * the bytes under the pointer change as the writer writes; truncated, reading a page past the new
+ * end raises SIGBUS in the engine's thread, which kills the process unless the engine handles it
+ * (ferry_guard_sigbus turns such reads into zeros). Either way the change is caught at the next
+ * ferry_prepare of a tensor of that file, or by ferry_check_files, with FERRY_ECHANGED. A policy
+ * with load FERRY_LOAD_READ or FERRY_LOAD_DIRECT gives private copies: their bytes never change
+ * under the engine and they never fault; the file's change is still reported at the next
+ * prepare. ferry's own copies never read the mapping and never die of SIGBUS. */
 FERRY_API void *ferry_tensor_data(const ferry_tensor *t);
 /* Bytes at ferry_tensor_data (differs from the file's size when converted). */
 FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);
@@ -556,6 +568,38 @@ FERRY_API int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_
  * into DST (N * row bytes), with explicit reads that coalesce neighbouring rows. Meant for lazy
  * tensors (embedding tables); works for any tensor. */
 FERRY_API int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, void *dst);
+
+/* Copies N bytes at byte OFF of tensor T as stored in its file (its file dtype, no conversion, no
+ * LoRA) into DST, read through the descriptor ferry opened: the bytes of the file ferry uses even
+ * after the path was renamed over or removed. T need not be prepared. FERRY_EINVAL when the range
+ * is outside the tensor, FERRY_ECHANGED when the file's own size or modification time changed
+ * since it was opened (a file renamed over its path is no reason: the descriptor still reads the
+ * opened file), FERRY_EIO when the read fails (the message names the file and the offset).
+ * Thread-safe. */
+FERRY_API int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t n,
+                                     void *dst);
+
+/* Checks every file F has open against what was opened: FERRY_ECHANGED, with a message naming the
+ * first changed file and what changed (size a -> b, modification time, the path now naming
+ * another file, pages of its mapping found gone by the SIGBUS guard), else 0. ferry_prepare does
+ * the same for the files of the tensors it prepares (one fstat and one stat per file per call);
+ * an engine that computed on zero-copy pointers calls this after the compute to know its inputs
+ * held. A change is sticky: the file's tensors fail every later prepare. */
+FERRY_API int ferry_check_files(ferry *f);
+
+/* The opt-in SIGBUS guard, for engines that compute on zero-copy or lazy pointers (see
+ * ferry_tensor_data). ON = 1 installs a process-wide SIGBUS handler (sigaction, SA_SIGINFO): a
+ * fault whose address lies in one of ferry's file mappings (of any manager) maps zero pages over
+ * the lost range (from the faulting page to the end of the mapping when the file now ends before
+ * it, else that page), marks the file changed (its next check fails with FERRY_ECHANGED) and
+ * returns, so the read sees zeros; every other SIGBUS goes to the handler installed before (its
+ * SA_SIGINFO or plain function, SIG_IGN for a signal sent by kill, else the default action). ON = 0
+ * puts the previous handler back (FERRY_EBUSY, leaving things as they are, when another handler
+ * has replaced ferry's meanwhile). Returns 0, or FERRY_EIO when sigaction fails. Idempotent; call
+ * it from one thread at start-up, before other code changes SIGBUS. At most 1024 mappings are
+ * guarded at a time; faults in others chain. Off by default: a library does not take a signal
+ * without being asked. */
+FERRY_API int ferry_guard_sigbus(int on);
 
 /* Eagerly loads every tensor of group NAME (NULL: all groups) to its home, and returns when all
  * are there. Private host copies of neighbouring tensors are read as one range of the file into

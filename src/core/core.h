@@ -385,6 +385,11 @@ int ferry__check_expect(ferry *f, const ferry_tensor *t);
 /* ferry__fail on f->err taking the lock (for calls that run without it). */
 int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* changes.c */
+/* Checks the files of TS (each once) against what was opened (PATH_TOO: and what their paths name
+ * now); FERRY_ECHANGED in f->err naming the file when one changed. Lock not held. */
+int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too);
+
 /* residency.c */
 int ferry__loaders_start(ferry *f);
 void ferry__loaders_stop(ferry *f);

@@ -79,9 +79,10 @@ static void sync_done(void *ud, int status)
 }
 
 /* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST. Large reads go to the
- * I/O pool so that several workers read chunks of it in parallel. */
+ * I/O pool so that several workers read chunks of it in parallel. COUNT: the bytes count as read
+ * from the file (not when they stand for a copy of the mapped home copy). */
 static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
-                      ferry_load mode, ferry__err *e)
+                      ferry_load mode, int count, ferry__err *e)
 {
     uint64_t abs = t->info.offset + off;
     int rc;
@@ -113,7 +114,7 @@ static int read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
         pthread_cond_destroy(&w.c);
         pthread_mutex_destroy(&w.m);
     }
-    if (!rc)
+    if (!rc && count)
         add_stat(&f->a_bytes_read, len);
     if (t0)
         ferry__trace_addf(f, "io", t0, ferry__now(), "read %s", t->info.name);
@@ -226,10 +227,12 @@ static uint64_t merge_chunk_elems(const ferry_tensor *t, ferry_dtype out, uint64
 
 /* Fills DST (a copy of T on device DST->dev whose memory is allocated) from SRC_HOST (the home
  * copy, in the file's dtype) or, when NULL, from the file with MODE; converts to the staged dtype
- * and adds J's LoRA terms on the way. */
+ * and adds J's LoRA terms on the way. HOME_MAPPED: the home copy is the file mapping, whose bytes
+ * are read through the descriptor instead (a copy out of a mapping of a truncated file dies of
+ * SIGBUS) and count as copied, not read. */
 static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job *j,
-                    const unsigned char *src_host, ferry_load mode, ferry__copy *dst,
-                    ferry__err *e)
+                    const unsigned char *src_host, int home_mapped, ferry_load mode,
+                    ferry__copy *dst, ferry__err *e)
 {
     ferry_device *d = f->devs[dst->dev].d;
     int to_host = d->host_accessible;
@@ -245,7 +248,10 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
             add_stat(&f->a_bytes_copied, t->info.nbytes);
             return 0;
         }
-        return read_range(f, t, 0, t->info.nbytes, dptr, mode, e);
+        int rc = read_range(f, t, 0, t->info.nbytes, dptr, mode, !home_mapped, e);
+        if (!rc && home_mapped)
+            add_stat(&f->a_bytes_copied, t->info.nbytes);
+        return rc;
     }
     uint64_t n = t->info.n_elems, step, need = FERRY__XFER_CHUNK, cols = 1, rows = 1;
     if (merging) {
@@ -284,7 +290,7 @@ static int transfer(ferry *f, loader_ctx *lc, ferry_tensor *t, const ferry__job 
             src = src_host + in_off;
         } else {
             unsigned char *buf = lc->stage[slot] + (t->info.offset + in_off) % FERRY__IO_ALIGN;
-            if ((rc = read_range(f, t, in_off, in_len, buf, mode, e)) != 0)
+            if ((rc = read_range(f, t, in_off, in_len, buf, mode, !home_mapped, e)) != 0)
                 break;
             src = buf;
         }
@@ -388,28 +394,45 @@ static int run_job(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
     return rc;
 }
 
-/* Brings a zero-copy tensor's pages into the page cache by touching each page of its mapping once,
- * in order: the kernel's readahead sees a sequential stream and reads ahead of the sweep with
- * large asynchronous reads. Measured on the development VM (bench/load_bench, 2 GiB, medians of
- * 3), this fills the cache as fast as mmap page faults do and faster than mmap + MAP_POPULATE,
- * large buffered preads or O_DIRECT; the pages end up mapped, as the engine will use them. No
- * MADV_SEQUENTIAL: it lets the kernel drop pages right after they are read (it cost 30%).
- * Skipped when the range is already cached. (Like every zero-copy access, a file truncated after
- * it was opened faults with SIGBUS here; ferry never writes the files it maps.) */
+/* Brings a zero-copy tensor's pages into the page cache and maps them, in order, with
+ * MADV_POPULATE_READ (Linux 5.14): the kernel's readahead sees a sequential stream, as when each
+ * page is touched once (which bench/load_bench measured faster than MAP_POPULATE, large preads or
+ * O_DIRECT), and pages whose file bytes are gone (a truncated file) are an error instead of the
+ * SIGBUS a touch would raise. Older kernels get buffered reads through a small buffer (the pages
+ * then fault into the mapping at first use). No MADV_SEQUENTIAL: it lets the kernel drop pages
+ * right after they are read (it cost 30%). Skipped when the range is already cached. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 static int populate(ferry *f, loader_ctx *lc, ferry_tensor *t, ferry__err *e)
 {
-    (void)lc, (void)e;
-    if (!t->file->map || ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >= 0.98)
+    (void)lc;
+    const ferry__iofile *file = t->file;
+    if (!file->map || !t->info.nbytes ||
+        ferry__iofile_cached(file, t->info.offset, t->info.nbytes) >= 0.98)
         return 0;
-    const volatile unsigned char *p = t->file->map + t->info.offset;
-    unsigned char sink = 0;
-    for (uint64_t off = 0; off < t->info.nbytes; off += 4096)
-        sink ^= p[off];
-    if (t->info.nbytes)
-        sink ^= p[t->info.nbytes - 1];
-    (void)sink;
-    add_stat(&f->a_bytes_read, t->info.nbytes);
-    return 0;
+    uint64_t pg = ferry__io_page_size();
+    uint64_t s = t->info.offset - t->info.offset % pg, end = t->info.offset + t->info.nbytes;
+    int rc = 0;
+    if (madvise((void *)(file->map + s), (size_t)(end - s), MADV_POPULATE_READ) == 0) {
+        add_stat(&f->a_bytes_read, t->info.nbytes);
+        return 0;
+    }
+    if (errno == EFAULT || errno == EIO) {
+        rc = ferry__iofile_check(file, 0, e);
+        return rc ? rc : ferry__fail(e, FERRY_EIO, "%s: tensor '%s': pages at offset %llu cannot "
+                                     "be read", file->path, t->info.name,
+                                     (unsigned long long)t->info.offset);
+    }
+    const uint64_t step = UINT64_C(1) << 20;
+    unsigned char *buf = malloc(step);
+    if (!buf)
+        return 0; /* the pages fault in at first use */
+    for (uint64_t off = 0; off < t->info.nbytes && !rc; off += step)
+        rc = read_range(f, t, off, FERRY__MIN(step, t->info.nbytes - off), buf, FERRY_LOAD_READ,
+                        1, e);
+    free(buf);
+    return rc;
 }
 
 static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__err *e)
@@ -425,7 +448,7 @@ static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__e
     if (fill & FILL_HOST) {
         rc = alloc_copy(f, &t->host, t->info.offset % FERRY__IO_ALIGN, e, t);
         if (!rc)
-            rc = read_range(f, t, 0, t->info.nbytes, t->host.ptr, j->load, e);
+            rc = read_range(f, t, 0, t->info.nbytes, t->host.ptr, j->load, 1, e);
         if (!rc)
             lock_copy(f, j->lock, &t->host, t->info.nbytes);
         if (rc)
@@ -437,10 +460,12 @@ static int run_job_inner(ferry *f, loader_ctx *lc, const ferry__job *j, ferry__e
         rc = alloc_copy(f, &t->comp, head, e, t);
         if (rc)
             return rc;
-        /* The host copy is READY (permanent, or filled just above) or absent. */
-        const unsigned char *src = (t->host.state == FERRY__READY || (fill & FILL_HOST))
-                                       ? t->host.ptr : NULL;
-        rc = transfer(f, lc, t, j, src, j->load, &t->comp, e);
+        /* The host copy is READY (permanent, or filled just above) or absent; a mapped one is
+         * read through the descriptor. */
+        int have = t->host.state == FERRY__READY || (fill & FILL_HOST);
+        int mapped = have && t->host.mapped;
+        const unsigned char *src = have && !mapped ? t->host.ptr : NULL;
+        rc = transfer(f, lc, t, j, src, mapped, j->load, &t->comp, e);
         if (!rc && t->comp.permanent)
             lock_copy(f, j->lock, &t->comp, j->out_bytes);
     }
@@ -1188,6 +1213,9 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     if (!f || (n && !ts))
         return FERRY_EINVAL;
+    /* a file that changed since it was opened fails before anything of it is used */
+    if (ferry__check_tensors(f, ts, n, 1))
+        return FERRY_ECHANGED;
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
@@ -1215,6 +1243,13 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     }
     f->last_set_bytes = set_bytes;
     rc = bring(f, u, nu, 0, 1);
+    if (rc == FERRY_EIO) {
+        /* a read that failed because the file changed meanwhile: say so */
+        pthread_mutex_unlock(&f->lock);
+        if (ferry__check_tensors(f, u, nu, 1))
+            rc = FERRY_ECHANGED;
+        pthread_mutex_lock(&f->lock);
+    }
     if (rc) {
         for (size_t i = 0; i < nu; i++) {
             u[i]->refs--;
@@ -1331,6 +1366,8 @@ int ferry_load_group(ferry *f, const char *group)
 {
     if (!f)
         return FERRY_EINVAL;
+    if (ferry_check_files(f))
+        return FERRY_ECHANGED;
     pthread_mutex_lock(&f->lock);
     int rc = 0, found = group == NULL;
     ferry_tensor **set = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *set);
@@ -1428,7 +1465,7 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     pthread_mutex_lock(&f->lock);
     int held = t->refs > 0 && t->comp.state == FERRY__READY;
     const unsigned char *p = held ? t->comp.ptr : NULL;
-    int dev = t->comp.dev;
+    int dev = t->comp.dev, mapped = t->comp.mapped;
     uint64_t size = t->out_bytes;
     pthread_mutex_unlock(&f->lock);
     if (!held)
@@ -1437,6 +1474,8 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
         return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
                            t->info.name, (unsigned long long)off,
                            (unsigned long long)(off + n), (unsigned long long)size);
+    if (mapped) /* the mapping's bytes, read without touching it (ferry_tensor_read_file) */
+        return ferry_tensor_read_file(f, t, off, n, dst);
     ferry_device *d = f->devs[dev].d;
     if (d->host_accessible) {
         memcpy(dst, p + off, n);
@@ -1478,6 +1517,9 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
     pthread_mutex_unlock(&f->lock);
     if (rc)
         return rc;
+    ferry_tensor *const one[1] = {t};
+    if (ferry__check_tensors(f, one, 1, 1))
+        return FERRY_ECHANGED;
     uint64_t row_bytes;
     if (ferry_dtype_nbytes(t->info.dtype, t->info.row_elems, &row_bytes) || !row_bytes)
         return ferry__fail_lock(f, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",

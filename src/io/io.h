@@ -26,19 +26,47 @@
 #define FERRY__IO_ALIGN 4096u
 #define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read */
 
-/* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE. */
+/* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE.
+ * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
+ * truncated under it is an error, not SIGBUS. Only zero-copy pointers handed to the engine and
+ * the parse at open read the mapping. The struct must not move between open and close (the
+ * SIGBUS guard's registry points at `changed`). */
 typedef struct ferry__iofile {
     char *path;                 /* owned */
+    char *where;                /* PATH made absolute at open (owned), or NULL: PATH is */
     int fd;                     /* O_RDONLY | O_CLOEXEC */
     int fd_direct;              /* O_RDONLY | O_DIRECT, or -1 when the filesystem refuses it */
     uint64_t size;
     const unsigned char *map;   /* whole-file mapping, or NULL for an empty file */
+    /* identity at open (fstat of fd); ferry__iofile_check compares against it */
+    uint64_t dev, ino;
+    int64_t mtime_s, mtime_ns;
+    int guard_slot;             /* slot in the SIGBUS guard's registry, or -1 */
+    _Atomic int changed;        /* FERRY__CHANGED_*: a change was seen, by a check or the guard */
 } ferry__iofile;
+enum { FERRY__CHANGED_SEEN = 1 /* size or modification time, seen by ferry__iofile_check */,
+       FERRY__CHANGED_LOST = 2 /* the SIGBUS guard mapped zeros over lost pages */,
+       FERRY__CHANGED_PATH = 4 /* the path named another file at a check */ };
 
 /* Opens PATH (a regular file) and maps it. Errors name PATH (ENOENT, EIO, EFORMAT for a
  * directory or device). */
 int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e);
 void ferry__iofile_close(ferry__iofile *f);
+
+/* FERRY_ECHANGED naming F's path and what changed (size a -> b, modification time, and with
+ * PATH_TOO the path now naming another file) when the file differs from what was opened, or when
+ * the SIGBUS guard found pages of its mapping gone; else 0. A change is sticky: once seen, every
+ * later check fails too. One fstat of the descriptor (and one stat of the path); safe from any
+ * thread. */
+int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e);
+
+/* The SIGBUS guard (ioguard.c). Mappings are registered at open and removed at close, in a
+ * fixed table the handler reads without locks. */
+int ferry__guard_register(const ferry__iofile *f);
+void ferry__guard_unregister(int slot);
+
+/* The system page size (cached). */
+uint64_t ferry__io_page_size(void);
 
 /* madvise on the mapping over [off, off+len) (rounded out to pages). ADVICE is MADV_*. Errors
  * ignored (advice is advice). */
@@ -50,8 +78,9 @@ double ferry__iofile_cached(const ferry__iofile *f, uint64_t off, uint64_t len);
  * ferry never writes). */
 int ferry__iofile_drop_cache(const ferry__iofile *f);
 
-/* Synchronous read of [off, off+len) into DST with mode MODE (AUTO chooses per chunk), on the
- * calling thread. Short reads and EINTR are retried; a read past the end is FERRY_EIO naming
+/* Synchronous read of [off, off+len) into DST with mode MODE (AUTO chooses per chunk; MMAP reads
+ * through the descriptor like READ: a copy out of the mapping would die of SIGBUS on a file that
+ * shrank), on the calling thread. Short reads and EINTR are retried; a read past the end is FERRY_EIO naming
  * PATH and the offset. */
 int ferry__io_read(const ferry__iofile *f, uint64_t off, uint64_t len, void *dst, ferry_load mode,
                    ferry__err *e);

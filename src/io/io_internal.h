@@ -48,8 +48,6 @@ static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len)
 #define FERRY__IO_STREAM_MIN (UINT64_C(1) << 20)
 void ferry__io_copy(void *dst, const void *src, size_t n);
 
-/* The system page size (cached). */
-uint64_t ferry__io_page_size(void);
 
 /* ---- the pool and its backends -------------------------------------------------------------
  * iopool.c owns the queue, the completion list, cancellation, progress and the done callbacks;

@@ -4,10 +4,14 @@
  * plus the page-cache probes (madvise by range, mincore residency, dropping the file's pages).
  *
  * ferry never writes a model file, so the mapping is PROT_READ and MAP_PRIVATE: no page of it is
- * ever dirty, and dropping its pages from the page cache only costs a re-read.
+ * ever dirty, and dropping its pages from the page cache only costs a re-read. Someone else may:
+ * the file's identity at open (device, inode, size, modification time) is kept, and
+ * ferry__iofile_check compares the descriptor and the path against it.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -38,11 +42,31 @@ static int errno_code(int err)
     }
 }
 
+/* PATH made absolute against the working directory of now (no links resolved: a link retargeted
+ * later is a change), or NULL when it already is or the directory is unknown. */
+static char *absolute(const char *path)
+{
+    if (path[0] == '/')
+        return NULL;
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd))
+        return NULL;
+    size_t a = strlen(cwd), b = strlen(path);
+    char *s = malloc(a + b + 2);
+    if (s) {
+        memcpy(s, cwd, a);
+        s[a] = '/';
+        memcpy(s + a + 1, path, b + 1);
+    }
+    return s;
+}
+
 int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
 {
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->fd_direct = -1;
+    f->guard_slot = -1;
     if (!path || !*path)
         return ferry__fail(e, FERRY_EINVAL, "open: empty path");
 
@@ -114,13 +138,76 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
     f->fd_direct = fdd;
     f->size = size;
     f->map = map;
+    f->dev = (uint64_t)st.st_dev;
+    f->ino = (uint64_t)st.st_ino;
+    f->mtime_s = (int64_t)st.st_mtim.tv_sec;
+    f->mtime_ns = (int64_t)st.st_mtim.tv_nsec;
+    f->changed = 0;
+    f->where = absolute(path);
+    f->guard_slot = map ? ferry__guard_register(f) : -1;
     return 0;
+}
+
+/* Appends ", " (when BUF is not empty) and TEXT to BUF of N bytes, NUL-terminated. */
+static void add_what(char *buf, size_t n, const char *text)
+{
+    size_t used = strlen(buf);
+    snprintf(buf + used, n - used, "%s%s", used ? ", " : "", text);
+}
+
+int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
+{
+    if (!f || f->fd < 0)
+        return 0;
+    ferry__iofile *w = (ferry__iofile *)f; /* only the atomic flag is written */
+    char what[384] = "", t[128];
+    int now = 0;
+    struct stat st;
+    if (fstat(f->fd, &st) == 0) {
+        if ((uint64_t)st.st_size != f->size) {
+            snprintf(t, sizeof t, "size %llu -> %llu bytes", (unsigned long long)f->size,
+                     (unsigned long long)st.st_size);
+            add_what(what, sizeof what, t);
+            now |= FERRY__CHANGED_SEEN;
+        }
+        if ((int64_t)st.st_mtim.tv_sec != f->mtime_s ||
+            (int64_t)st.st_mtim.tv_nsec != f->mtime_ns) {
+            snprintf(t, sizeof t, "modification time %lld.%09lld -> %lld.%09lld",
+                     (long long)f->mtime_s, (long long)f->mtime_ns, (long long)st.st_mtim.tv_sec,
+                     (long long)st.st_mtim.tv_nsec);
+            add_what(what, sizeof what, t);
+            now |= FERRY__CHANGED_SEEN;
+        }
+    }
+    /* A path that is gone is no change: the descriptor still reads the bytes that were opened.
+     * One that names another file is (the model at that path is no longer this one). */
+    struct stat sp;
+    if (path_too && stat(f->where ? f->where : f->path, &sp) == 0 &&
+        ((uint64_t)sp.st_dev != f->dev || (uint64_t)sp.st_ino != f->ino)) {
+        snprintf(t, sizeof t, "the path now names another file: inode %llu -> %llu",
+                 (unsigned long long)f->ino, (unsigned long long)sp.st_ino);
+        add_what(what, sizeof what, t);
+        now |= FERRY__CHANGED_PATH;
+    }
+    int seen = now ? atomic_fetch_or(&w->changed, now) | now : atomic_load(&w->changed);
+    if (!path_too)
+        seen &= ~FERRY__CHANGED_PATH;
+    if (!seen)
+        return 0;
+    if (seen & FERRY__CHANGED_LOST)
+        add_what(what, sizeof what, "pages of its mapping could no longer be read");
+    if (!what[0])
+        add_what(what, sizeof what, "seen by an earlier check");
+    return ferry__fail(e, FERRY_ECHANGED, "%s: the file changed since it was opened (%s)",
+                       f->path, what);
 }
 
 void ferry__iofile_close(ferry__iofile *f)
 {
     if (!f)
         return;
+    if (f->map && f->guard_slot >= 0)
+        ferry__guard_unregister(f->guard_slot);
     if (f->map)
         munmap((void *)f->map, (size_t)f->size);
     if (f->fd >= 0)
@@ -128,9 +215,11 @@ void ferry__iofile_close(ferry__iofile *f)
     if (f->fd_direct >= 0)
         close(f->fd_direct);
     free(f->path);
+    free(f->where);
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->fd_direct = -1;
+    f->guard_slot = -1;
 }
 
 /* Clips [off, off+len) to the file and rounds it out to pages: *start and *n are the page-aligned

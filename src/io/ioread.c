@@ -3,8 +3,9 @@
  * calling thread. The worker pool (iopool.c) calls ferry__io_read_range once per chunk; the
  * synchronous ferry__io_read calls it once for the whole range.
  *
- *  - MMAP: copy out of the private mapping (the page cache fills it on faults), with streaming
- *    stores for large ranges (iocopy.c).
+ *  - MMAP: buffered pread, as READ. A private copy is never taken out of the mapping: a memcpy
+ *    from pages whose file bytes are gone (the file was truncated under ferry) dies of SIGBUS,
+ *    where pread reports the end of the file. The mapping serves zero-copy tensors only.
  *  - READ: buffered pread, up to FERRY__IO_MAX_SYSCALL bytes per call.
  *  - DIRECT: O_DIRECT straight into DST for the block-aligned middle (no copy), when DST and the
  *    file offset are congruent modulo FERRY__IO_ALIGN; the unaligned head and tail go through a
@@ -159,8 +160,6 @@ int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, uns
         return 0;
     switch (mode) {
     case FERRY_LOAD_MMAP:
-        ferry__io_copy(dst, f->map + off, (size_t)len);
-        return 0;
     case FERRY_LOAD_READ:
         return pread_full(f, f->fd, dst, len, off, e);
     case FERRY_LOAD_DIRECT:

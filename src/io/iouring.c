@@ -5,9 +5,8 @@
  * without a thread per outstanding read.
  *
  * Per chunk, by load mode (AUTO decides per chunk, as in ioread.c):
- *  - MMAP (and AUTO on a mostly cached chunk): the copy out of the mapping stays a memcpy on the
- *    worker, done after the reads already prepared are submitted, so the device works meanwhile.
- *  - READ: one buffered IORING_OP_READ on the file's descriptor.
+ *  - READ, MMAP and AUTO on a mostly cached chunk: one buffered IORING_OP_READ on the file's
+ *    descriptor (never a copy out of the mapping, which a truncated file turns into SIGBUS).
  *  - DIRECT (and AUTO on a cold chunk): with an O_DIRECT descriptor and a destination congruent to
  *    the offset, one IORING_OP_READ on the O_DIRECT descriptor for the chunk's block-aligned middle;
  *    the unaligned head or tail (only a request's first and last chunk have one) is read at once
@@ -277,12 +276,8 @@ static void start(ferry__io *io, ferry__uring *u, const ferry__iochunk *c, unsig
         mode = ferry__iofile_cached(f, pos, end - pos) >= FERRY__IO_AUTO_CACHED
                    ? FERRY_LOAD_READ
                    : FERRY_LOAD_DIRECT;
-    if (mode == FERRY_LOAD_MMAP) {
-        submit_pending(io, u, bounce); /* the device works while this thread copies */
-        ferry__io_copy(dst, f->map + pos, (size_t)(end - pos));
-        ferry__io_chunk_done(io, c, 0, NULL);
-        return;
-    }
+    if (mode == FERRY_LOAD_MMAP)
+        mode = FERRY_LOAD_READ; /* ioread.c says why: never a copy out of the mapping */
 
     int fd = f->fd;
     uint64_t off = pos, len = end - pos;

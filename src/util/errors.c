@@ -35,6 +35,7 @@ const char *ferry_strerror(int code)
     case FERRY_EUNSUPPORTED: return "not supported";
     case FERRY_ELORA: return "adapter does not fit";
     case FERRY_EMISMATCH: return "data mismatch";
+    case FERRY_ECHANGED: return "the model file changed since it was opened";
     default: return "unknown error";
     }
 }

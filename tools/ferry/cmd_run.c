@@ -27,20 +27,12 @@ static void drop_cache(ferry *f)
     }
 }
 
-static void *read_file(const char *path, uint64_t off, uint64_t n)
+/* T's bytes as stored, read through the descriptor ferry holds: the file ferry opened, not
+ * whatever stands at its path now. NULL when the read fails. */
+static void *read_file(ferry *f, ferry_tensor *t, uint64_t n)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     unsigned char *buf = malloc(n ? n : 1);
-    uint64_t got = 0;
-    while (fd >= 0 && buf && got < n) {
-        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
-        if (r <= 0)
-            break;
-        got += (uint64_t)r;
-    }
-    if (fd >= 0)
-        close(fd);
-    if (got != n) {
+    if (buf && ferry_tensor_read_file(f, t, 0, n, buf)) {
         free(buf);
         return NULL;
     }
@@ -70,11 +62,11 @@ static int verify_tensor(ferry *f, ferry_tensor *t, int merge_mode, char *why, s
     ferry_tensor_get_info(t, &info);
     uint64_t out_bytes = ferry_tensor_nbytes(t);
     ferry_dtype out = ferry_tensor_dtype(t);
-    unsigned char *raw = read_file(info.file, info.offset, info.nbytes);
+    unsigned char *raw = read_file(f, t, info.nbytes);
     unsigned char *got = malloc(out_bytes ? out_bytes : 1);
     int ok = 0;
     if (!raw || !got || ferry_tensor_read(f, t, 0, out_bytes, got)) {
-        snprintf(why, whylen, "cannot read back");
+        snprintf(why, whylen, "cannot read back: %s", ferry_errmsg(f));
         goto out;
     }
     ferry_lora_factor fac;
@@ -314,6 +306,9 @@ int cmd_run(int argc, char **argv)
     cli_progress_end(&bar);
     if (trace)
         ferry_trace_stop(f);
+    /* the last layers' compute may have read a file that changed after their prepare */
+    if (!rc && ferry_check_files(f))
+        rc = cli_error("%s", ferry_errmsg(f));
     if (rc)
         goto out;
     ferry_stats st;

@@ -1,0 +1,94 @@
+/*
+ * changes.c — noticing a model file that changed under ferry: the check of the files a call
+ * touches (one fstat and one stat per file per call, never per tensor), ferry_check_files, and
+ * ferry_tensor_read_file (the file's bytes through ferry's own descriptor).
+ *
+ * The checks run without the manager's lock: a tensor's file is fixed when it is opened and stays
+ * open until ferry_destroy, and ferry__iofile_check only reads the file's identity and sets an
+ * atomic flag.
+ */
+#include <stdlib.h>
+
+#include "core/core.h"
+
+#define SEEN_MAX 16 /* distinct files remembered per call; more are checked again, not skipped */
+
+int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too)
+{
+    const ferry__iofile *seen[SEEN_MAX];
+    size_t nseen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry__iofile *file = ts[i] ? ts[i]->file : NULL;
+        if (!file)
+            continue;
+        size_t k = 0;
+        while (k < nseen && seen[k] != file)
+            k++;
+        if (k < nseen)
+            continue;
+        if (nseen < SEEN_MAX)
+            seen[nseen++] = file;
+        ferry__err e = {0};
+        int rc = ferry__iofile_check(file, path_too, &e);
+        if (rc) {
+            pthread_mutex_lock(&f->lock);
+            f->err = e;
+            pthread_mutex_unlock(&f->lock);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int ferry_check_files(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    size_t n = ferry_catalog_file_count(f->cat);
+    const ferry__iofile **files = malloc((n ? n : 1) * sizeof *files);
+    for (size_t i = 0; files && i < n; i++)
+        files[i] = ferry__catalog_file(f->cat, i);
+    pthread_mutex_unlock(&f->lock);
+    if (!files)
+        return ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        ferry__err e = {0};
+        rc = ferry__iofile_check(files[i], 1, &e);
+        if (rc) {
+            pthread_mutex_lock(&f->lock);
+            f->err = e;
+            pthread_mutex_unlock(&f->lock);
+        }
+    }
+    free(files);
+    return rc;
+}
+
+int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t n, void *dst)
+{
+    if (!f || !t || (n && !dst) || t->owner != f)
+        return FERRY_EINVAL;
+    if (!t->file)
+        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s' has no file", t->info.name);
+    if (off > t->info.nbytes || n > t->info.nbytes - off)
+        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': file bytes [%llu, %llu) of %llu",
+                                t->info.name, (unsigned long long)off,
+                                (unsigned long long)(off + n),
+                                (unsigned long long)t->info.nbytes);
+    /* the bytes of the file ferry opened: a path renamed over does not change them */
+    ferry_tensor *const one[1] = {(ferry_tensor *)t};
+    int rc = ferry__check_tensors(f, one, 1, 0);
+    if (rc)
+        return rc;
+    ferry__err e = {0};
+    rc = ferry__io_read(t->file, t->info.offset + off, n, dst, FERRY_LOAD_READ, &e);
+    if (rc) {
+        ferry__fail_prefix(&e, "tensor '%s': ", t->info.name);
+        pthread_mutex_lock(&f->lock);
+        f->err = e;
+        pthread_mutex_unlock(&f->lock);
+    }
+    return rc;
+}
