@@ -512,7 +512,8 @@ FERRY_API int ferry_validate(ferry *f);
 /* Makes every tensor of TS valid on its compute device and holds it there: returns when all data
  * pointers are valid; each stays valid and unchanged until the matching ferry_release. Reference
  * counted: a tensor prepared twice must be released twice. On failure no tensor of TS is held.
- * Thread-safe. */
+ * FERRY_ECHANGED, naming the tensor, the file and what changed, when a file of TS is no longer
+ * what was opened (see ferry_check_files). Thread-safe. */
 FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops one reference of each tensor of TS. Home copies (host, device) stay; any other copy (a
  * staged copy on an accelerator, a home-disk copy on the host, a copy with LoRA merged) stays
@@ -584,7 +585,8 @@ FERRY_API int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t o
  * another file, pages of its mapping found gone by the SIGBUS guard), else 0. ferry_prepare does
  * the same for the files of the tensors it prepares (one fstat and one stat per file per call);
  * an engine that computed on zero-copy pointers calls this after the compute to know its inputs
- * held. A change is sticky: the file's tensors fail every later prepare. */
+ * held. The check compares what the file is now with what was opened (a file made again exactly
+ * what was opened passes), except that pages the guard found gone fail it for good. */
 FERRY_API int ferry_check_files(ferry *f);
 
 /* The opt-in SIGBUS guard, for engines that compute on zero-copy or lazy pointers (see

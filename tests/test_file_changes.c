@@ -239,8 +239,8 @@ static void test_overwrite_in_place(void)
     CHECK(has(ferry_errmsg(f), path));
     CHECK(has(ferry_errmsg(f), "modification time"));
     CHECK(!has(ferry_errmsg(f), "size"));
-    /* sticky: setting the time back does not make the file the one that was opened */
     CHECK_EQ_INT(ferry_check_files(f), FERRY_ECHANGED);
+    CHECK(has(ferry_errmsg(f), "modification time"));
     free(ts);
     ferry_destroy(f);
 }
@@ -262,7 +262,7 @@ static void test_mtime_only(void)
     CHECK_EQ_INT(utimensat(AT_FDCWD, path, NULL, 0), 0); /* now */
     CHECK_EQ_INT(ferry_prepare(f, ts, n), FERRY_ECHANGED);
     CHECK(has(ferry_errmsg(f), "modification time"));
-    CHECK_EQ_INT(ferry_load_group(f, NULL), FERRY_ECHANGED);
+    CHECK(has(ferry_errmsg(f), g_ts[0].name)); /* the first tensor of the set is named */
     uint64_t row = 0;
     unsigned char buf[1 << 16];
     CHECK_EQ_INT(ferry_read_rows(f, ts[0], &row, 1, buf), FERRY_ECHANGED);

@@ -31,6 +31,7 @@ int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_t
         ferry__err e = {0};
         int rc = ferry__iofile_check(file, path_too, &e);
         if (rc) {
+            ferry__fail_prefix(&e, "tensor '%s': ", ts[i]->info.name);
             pthread_mutex_lock(&f->lock);
             f->err = e;
             pthread_mutex_unlock(&f->lock);
@@ -38,6 +39,23 @@ int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_t
         }
     }
     return 0;
+}
+
+int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    ferry__err first = {0};
+    pthread_mutex_lock(&f->lock);
+    first = f->err;
+    pthread_mutex_unlock(&f->lock);
+    if (!ferry__check_tensors(f, ts, n, 0))
+        return FERRY_EIO;
+    pthread_mutex_lock(&f->lock);
+    ferry__err why = f->err;
+    f->err = first;
+    f->err.code = FERRY_ECHANGED;
+    ferry__fail_append(&f->err, 0, "%s", why.msg);
+    pthread_mutex_unlock(&f->lock);
+    return FERRY_ECHANGED;
 }
 
 int ferry_check_files(ferry *f)

@@ -389,6 +389,9 @@ int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((fo
 /* Checks the files of TS (each once) against what was opened (PATH_TOO: and what their paths name
  * now); FERRY_ECHANGED in f->err naming the file when one changed. Lock not held. */
 int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too);
+/* After a load of TS failed with FERRY_EIO: FERRY_ECHANGED, with what changed appended to the
+ * failure's message, when one of their files changed; else FERRY_EIO (message untouched). */
+int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n);
 
 /* residency.c */
 int ferry__loaders_start(ferry *f);

@@ -1246,8 +1246,7 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     if (rc == FERRY_EIO) {
         /* a read that failed because the file changed meanwhile: say so */
         pthread_mutex_unlock(&f->lock);
-        if (ferry__check_tensors(f, u, nu, 1))
-            rc = FERRY_ECHANGED;
+        rc = ferry__check_after_eio(f, u, nu);
         pthread_mutex_lock(&f->lock);
     }
     if (rc) {
@@ -1366,8 +1365,6 @@ int ferry_load_group(ferry *f, const char *group)
 {
     if (!f)
         return FERRY_EINVAL;
-    if (ferry_check_files(f))
-        return FERRY_ECHANGED;
     pthread_mutex_lock(&f->lock);
     int rc = 0, found = group == NULL;
     ferry_tensor **set = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *set);
@@ -1397,10 +1394,12 @@ int ferry_load_group(ferry *f, const char *group)
         rc = expand(f, set, n, &u, &nu);
     if (!rc)
         rc = bring(f, u, nu, 1, 0);
+    pthread_mutex_unlock(&f->lock);
+    if (rc == FERRY_EIO)
+        rc = ferry__check_after_eio(f, u, nu);
     if (u && u != set)
         free(u);
     free(set);
-    pthread_mutex_unlock(&f->lock);
     return rc;
 }
 

@@ -42,11 +42,10 @@ typedef struct ferry__iofile {
     uint64_t dev, ino;
     int64_t mtime_s, mtime_ns;
     int guard_slot;             /* slot in the SIGBUS guard's registry, or -1 */
-    _Atomic int changed;        /* FERRY__CHANGED_*: a change was seen, by a check or the guard */
+    _Atomic int changed;        /* FERRY__CHANGED_LOST once the SIGBUS guard mapped zeros over
+                                   lost pages of the mapping (for good: they stay zeros) */
 } ferry__iofile;
-enum { FERRY__CHANGED_SEEN = 1 /* size or modification time, seen by ferry__iofile_check */,
-       FERRY__CHANGED_LOST = 2 /* the SIGBUS guard mapped zeros over lost pages */,
-       FERRY__CHANGED_PATH = 4 /* the path named another file at a check */ };
+enum { FERRY__CHANGED_LOST = 1 };
 
 /* Opens PATH (a regular file) and maps it. Errors name PATH (ENOENT, EIO, EFORMAT for a
  * directory or device). */
@@ -54,10 +53,10 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e);
 void ferry__iofile_close(ferry__iofile *f);
 
 /* FERRY_ECHANGED naming F's path and what changed (size a -> b, modification time, and with
- * PATH_TOO the path now naming another file) when the file differs from what was opened, or when
- * the SIGBUS guard found pages of its mapping gone; else 0. A change is sticky: once seen, every
- * later check fails too. One fstat of the descriptor (and one stat of the path); safe from any
- * thread. */
+ * PATH_TOO the path now naming another file) when the file differs from what was opened now, or
+ * when the SIGBUS guard ever found pages of its mapping gone; else 0. A file made again exactly
+ * what was opened (size, time, inode) passes. One fstat of the descriptor (and one stat of the
+ * path); safe from any thread. */
 int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e);
 
 /* The SIGBUS guard (ioguard.c). Mappings are registered at open and removed at close, in a

@@ -159,16 +159,14 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
 {
     if (!f || f->fd < 0)
         return 0;
-    ferry__iofile *w = (ferry__iofile *)f; /* only the atomic flag is written */
+    const ferry__iofile *w = f;
     char what[384] = "", t[128];
-    int now = 0;
     struct stat st;
     if (fstat(f->fd, &st) == 0) {
         if ((uint64_t)st.st_size != f->size) {
             snprintf(t, sizeof t, "size %llu -> %llu bytes", (unsigned long long)f->size,
                      (unsigned long long)st.st_size);
             add_what(what, sizeof what, t);
-            now |= FERRY__CHANGED_SEEN;
         }
         if ((int64_t)st.st_mtim.tv_sec != f->mtime_s ||
             (int64_t)st.st_mtim.tv_nsec != f->mtime_ns) {
@@ -176,7 +174,6 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
                      (long long)f->mtime_s, (long long)f->mtime_ns, (long long)st.st_mtim.tv_sec,
                      (long long)st.st_mtim.tv_nsec);
             add_what(what, sizeof what, t);
-            now |= FERRY__CHANGED_SEEN;
         }
     }
     /* A path that is gone is no change: the descriptor still reads the bytes that were opened.
@@ -187,17 +184,11 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
         snprintf(t, sizeof t, "the path now names another file: inode %llu -> %llu",
                  (unsigned long long)f->ino, (unsigned long long)sp.st_ino);
         add_what(what, sizeof what, t);
-        now |= FERRY__CHANGED_PATH;
     }
-    int seen = now ? atomic_fetch_or(&w->changed, now) | now : atomic_load(&w->changed);
-    if (!path_too)
-        seen &= ~FERRY__CHANGED_PATH;
-    if (!seen)
-        return 0;
-    if (seen & FERRY__CHANGED_LOST)
+    if (atomic_load(&w->changed) & FERRY__CHANGED_LOST)
         add_what(what, sizeof what, "pages of its mapping could no longer be read");
     if (!what[0])
-        add_what(what, sizeof what, "seen by an earlier check");
+        return 0;
     return ferry__fail(e, FERRY_ECHANGED, "%s: the file changed since it was opened (%s)",
                        f->path, what);
 }

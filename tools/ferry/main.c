@@ -1,7 +1,7 @@
 /*
  * main.c — the ferry command-line tool's entry: `ferry CMD [ARGS]` dispatches to cmd_CMD through
  * a table, and handles --help, --version and unknown commands itself. Exit status: 0 success,
- * 1 failure, 2 usage error (see cli.h).
+ * 1 failure, 2 usage error (see cli.h). The SIGBUS guard is on for every command.
  */
 #include <stdio.h>
 #include <string.h>
@@ -85,6 +85,10 @@ int main(int argc, char **argv)
         return finish_stdout(CLI_EXIT_OK);
     }
     const cli_command *c = find_command(name);
+    /* Every command is an engine that owns its process: a model file truncated under a
+     * zero-copy tensor reads as zeros and fails the next prepare (or the ferry_check_files a
+     * command makes after computing), so the command exits 1 naming the file, never of SIGBUS. */
+    ferry_guard_sigbus(1);
     if (!c) {
         if (name[0] == '-')
             fprintf(stderr, "ferry: unknown option '%s'\nTry 'ferry --help'.\n", name);

@@ -195,9 +195,6 @@ static int add_split(runopts *r, ferry *f)
 
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
 {
-    /* The tool is an engine that owns its process: a model file truncated under a zero-copy
-     * tensor reads as zeros and fails the next prepare, instead of killing it with SIGBUS. */
-    ferry_guard_sigbus(1);
     ferry *f = ferry_create(NULL);
     if (!f)
         return cli_error("out of memory");

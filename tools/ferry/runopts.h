@@ -29,9 +29,7 @@ int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv
 /* Parses the strings into the policy and budgets; CLI_EXIT_USAGE on a bad value. */
 int runopts_parse(const char *cmd, runopts *r);
 /* A manager with the device, budgets, policy (group "all" for every tensor), the files and the
- * adapters. Turns on ferry_guard_sigbus for the process: a command that computes on zero-copy
- * pointers checks ferry_check_files after its compute and fails (exit 1) on a change. Returns 0 or
- * CLI_EXIT_FAIL after printing why. */
+ * adapters. Returns 0 or CLI_EXIT_FAIL after printing why. */
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out);
 /* Adds the devices of a --split value (SPEC,SPEC[:WEIGHT]...) to F and fills POLICY's split
  * fields (and compute_device: the first of them). Returns 0 or CLI_EXIT_FAIL after printing why. */
