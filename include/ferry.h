@@ -607,7 +607,8 @@ FERRY_API int ferry_guard_sigbus(int on);
  * are there. Private host copies of neighbouring tensors are read as one range of the file into
  * one mapping (huge pages, faulted in ahead of the reads by a thread of the call's own), so a
  * load runs at the disk's speed. Fails on the first error (FERRY_EIO naming the file, tensor and
- * range; FERRY_EBUDGET); what did load stays loaded and the manager stays usable. */
+ * range, FERRY_ECHANGED when the read failed because that file changed since it was opened;
+ * FERRY_EBUDGET); what did load stays loaded and the manager stays usable. */
 FERRY_API int ferry_load_group(ferry *f, const char *group);
 
 /* ---------------------------------------------------------------------------------------------
