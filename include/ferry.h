@@ -583,8 +583,9 @@ FERRY_API int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t o
 /* Checks every file F has open against what was opened: FERRY_ECHANGED, with a message naming the
  * first changed file and what changed (size a -> b, modification time, the path now naming
  * another file, pages of its mapping found gone by the SIGBUS guard), else 0. ferry_prepare does
- * the same for the files of the tensors it prepares (one fstat and one stat per file per call);
- * an engine that computed on zero-copy pointers calls this after the compute to know its inputs
+ * the same for the files of the tensors it prepares (one fstat per file per call; the path is
+ * looked up at most every 100 ms per file, so a file renamed over is noticed within that); an
+ * engine that computed on zero-copy pointers calls this after the compute to know its inputs
  * held. The check compares what the file is now with what was opened (a file made again exactly
  * what was opened passes), except that pages the guard found gone fail it for good. */
 FERRY_API int ferry_check_files(ferry *f);

@@ -298,6 +298,9 @@ static void test_renamed_over(void)
     ferry_tensor_get_info(t, &info);
     unsigned char *before = fixture_pread(path, info.offset, info.nbytes);
     CHECK(before != NULL);
+    /* a prepare looks the path up (at most every 100 ms per file) */
+    CHECK_EQ_INT(ferry_prepare(f, &t, 1), 0);
+    CHECK_EQ_INT(ferry_release(f, &t, 1), 0);
     /* another model (other values) renamed over the path, as a download tool does */
     fixture_tensor alt[64];
     size_t alt_n = fixture_layout(alt, 3, 64, 128, 100, FERRY_DTYPE_F32, 0);
@@ -309,6 +312,8 @@ static void test_renamed_over(void)
     unsigned char *got = malloc(info.nbytes);
     CHECK_EQ_INT(ferry_tensor_read_file(f, t, 0, info.nbytes, got), 0);
     CHECK(before != NULL && memcmp(got, before, info.nbytes) == 0);
+    struct timespec pause = {0, 150 * 1000000L}; /* past the interval of path lookups */
+    nanosleep(&pause, NULL);
     CHECK_EQ_INT(ferry_prepare(f, &t, 1), FERRY_ECHANGED);
     CHECK(has(ferry_errmsg(f), path));
     CHECK(has(ferry_errmsg(f), "the path now names another file"));

@@ -1,6 +1,7 @@
 /*
  * changes.c — noticing a model file that changed under ferry: the check of the files a call
- * touches (one fstat and one stat per file per call, never per tensor), ferry_check_files, and
+ * touches (one fstat per file per call, never per tensor, and a lookup of its path at most every
+ * 100 ms), ferry_check_files (every file, its path looked up each time), and
  * ferry_tensor_read_file (the file's bytes through ferry's own descriptor).
  *
  * The checks run without the manager's lock: a tensor's file is fixed when it is opened and stays
@@ -47,7 +48,7 @@ int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n)
     pthread_mutex_lock(&f->lock);
     first = f->err;
     pthread_mutex_unlock(&f->lock);
-    if (!ferry__check_tensors(f, ts, n, 0))
+    if (!ferry__check_tensors(f, ts, n, FERRY__PATH_NONE))
         return FERRY_EIO;
     pthread_mutex_lock(&f->lock);
     ferry__err why = f->err;
@@ -73,7 +74,7 @@ int ferry_check_files(ferry *f)
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         ferry__err e = {0};
-        rc = ferry__iofile_check(files[i], 1, &e);
+        rc = ferry__iofile_check(files[i], FERRY__PATH_ALWAYS, &e);
         if (rc) {
             pthread_mutex_lock(&f->lock);
             f->err = e;
@@ -97,7 +98,7 @@ int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64
                                 (unsigned long long)t->info.nbytes);
     /* the bytes of the file ferry opened: a path renamed over does not change them */
     ferry_tensor *const one[1] = {(ferry_tensor *)t};
-    int rc = ferry__check_tensors(f, one, 1, 0);
+    int rc = ferry__check_tensors(f, one, 1, FERRY__PATH_NONE);
     if (rc)
         return rc;
     ferry__err e = {0};

@@ -386,8 +386,9 @@ int ferry__check_expect(ferry *f, const ferry_tensor *t);
 int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* changes.c */
-/* Checks the files of TS (each once) against what was opened (PATH_TOO: and what their paths name
- * now); FERRY_ECHANGED in f->err naming the file when one changed. Lock not held. */
+/* Checks the files of TS (each once) against what was opened (PATH_TOO, FERRY__PATH_*: and what
+ * their paths name now); FERRY_ECHANGED in f->err naming the file when one changed. Lock not
+ * held. */
 int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too);
 /* After a load of TS failed with FERRY_EIO: FERRY_ECHANGED, with what changed appended to the
  * failure's message, when one of their files changed; else FERRY_EIO (message untouched). */

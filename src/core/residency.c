@@ -419,7 +419,7 @@ static int populate(ferry *f, loader_ctx *lc, ferry_tensor *t, ferry__err *e)
         return 0;
     }
     if (errno == EFAULT || errno == EIO) {
-        rc = ferry__iofile_check(file, 0, e);
+        rc = ferry__iofile_check(file, FERRY__PATH_NONE, e);
         return rc ? rc : ferry__fail(e, FERRY_EIO, "%s: tensor '%s': pages at offset %llu cannot "
                                      "be read", file->path, t->info.name,
                                      (unsigned long long)t->info.offset);
@@ -1214,7 +1214,7 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     if (!f || (n && !ts))
         return FERRY_EINVAL;
     /* a file that changed since it was opened fails before anything of it is used */
-    if (ferry__check_tensors(f, ts, n, 1))
+    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
         return FERRY_ECHANGED;
     pthread_mutex_lock(&f->lock);
     int rc = 0;
@@ -1517,7 +1517,7 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
     if (rc)
         return rc;
     ferry_tensor *const one[1] = {t};
-    if (ferry__check_tensors(f, one, 1, 1))
+    if (ferry__check_tensors(f, one, 1, FERRY__PATH_RATE))
         return FERRY_ECHANGED;
     uint64_t row_bytes;
     if (ferry_dtype_nbytes(t->info.dtype, t->info.row_elems, &row_bytes) || !row_bytes)

@@ -44,6 +44,8 @@ typedef struct ferry__iofile {
     int guard_slot;             /* slot in the SIGBUS guard's registry, or -1 */
     _Atomic int changed;        /* FERRY__CHANGED_LOST once the SIGBUS guard mapped zeros over
                                    lost pages of the mapping (for good: they stay zeros) */
+    _Atomic uint64_t path_checked_ns; /* CLOCK_MONOTONIC of the last lookup of the path (0: none) */
+    _Atomic uint64_t path_other_ino;  /* what it found: 0, or bit 63 | the other file's inode */
 } ferry__iofile;
 enum { FERRY__CHANGED_LOST = 1 };
 
@@ -55,8 +57,11 @@ void ferry__iofile_close(ferry__iofile *f);
 /* FERRY_ECHANGED naming F's path and what changed (size a -> b, modification time, and with
  * PATH_TOO the path now naming another file) when the file differs from what was opened now, or
  * when the SIGBUS guard ever found pages of its mapping gone; else 0. A file made again exactly
- * what was opened (size, time, inode) passes. One fstat of the descriptor (and one stat of the
- * path); safe from any thread. */
+ * what was opened (size, time, inode) passes. One fstat of the descriptor, and a stat of the path
+ * (PATH_TOO = FERRY__PATH_ALWAYS: every call; FERRY__PATH_RATE: at most every
+ * FERRY__PATH_INTERVAL_NS, else the last lookup's answer); safe from any thread. */
+enum { FERRY__PATH_NONE = 0, FERRY__PATH_RATE = 1, FERRY__PATH_ALWAYS = 2 };
+#define FERRY__PATH_INTERVAL_NS UINT64_C(100000000)
 int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e);
 
 /* The SIGBUS guard (ioguard.c). Mappings are registered at open and removed at close, in a

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io/io_internal.h"
@@ -159,7 +160,7 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
 {
     if (!f || f->fd < 0)
         return 0;
-    const ferry__iofile *w = f;
+    ferry__iofile *w = (ferry__iofile *)f; /* only the atomic fields are written */
     char what[384] = "", t[128];
     struct stat st;
     if (fstat(f->fd, &st) == 0) {
@@ -177,13 +178,30 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
         }
     }
     /* A path that is gone is no change: the descriptor still reads the bytes that were opened.
-     * One that names another file is (the model at that path is no longer this one). */
-    struct stat sp;
-    if (path_too && stat(f->where ? f->where : f->path, &sp) == 0 &&
-        ((uint64_t)sp.st_dev != f->dev || (uint64_t)sp.st_ino != f->ino)) {
-        snprintf(t, sizeof t, "the path now names another file: inode %llu -> %llu",
-                 (unsigned long long)f->ino, (unsigned long long)sp.st_ino);
-        add_what(what, sizeof what, t);
+     * One that names another file is (the model at that path is no longer this one). A lookup
+     * costs a few fstats (bench/README.md): FERRY__PATH_RATE looks at most every
+     * FERRY__PATH_INTERVAL_NS and otherwise reuses what the last lookup found. */
+    if (path_too) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        uint64_t last = atomic_load(&w->path_checked_ns);
+        uint64_t other = atomic_load(&w->path_other_ino);
+        if (path_too == FERRY__PATH_ALWAYS || !last || now - last >= FERRY__PATH_INTERVAL_NS) {
+            struct stat sp;
+            other = stat(f->where ? f->where : f->path, &sp) == 0 &&
+                            ((uint64_t)sp.st_dev != f->dev || (uint64_t)sp.st_ino != f->ino)
+                        ? (uint64_t)sp.st_ino | UINT64_C(1) << 63
+                        : 0;
+            atomic_store(&w->path_other_ino, other);
+            atomic_store(&w->path_checked_ns, now ? now : 1);
+        }
+        if (other) {
+            snprintf(t, sizeof t, "the path now names another file: inode %llu -> %llu",
+                     (unsigned long long)f->ino,
+                     (unsigned long long)(other & ~(UINT64_C(1) << 63)));
+            add_what(what, sizeof what, t);
+        }
     }
     if (atomic_load(&w->changed) & FERRY__CHANGED_LOST)
         add_what(what, sizeof what, "pages of its mapping could no longer be read");
