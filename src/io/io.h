@@ -1,8 +1,10 @@
 /*
  * io.h — the I/O engine: files opened for reading (descriptor, O_DIRECT descriptor, read-only
  * private mapping), and a pool of worker threads that move file bytes into memory in large chunks
- * with several requests in flight, by mmap-copy, buffered pread or O_DIRECT (through io_uring where
- * liburing is present and the kernel allows it).
+ * with several requests in flight, by buffered pread or O_DIRECT (through io_uring where liburing
+ * is present and the kernel allows it); never by a copy out of the mapping, which would die of
+ * SIGBUS on a file truncated under it. The mapping serves zero-copy pointers; ioguard.c keeps the
+ * registry of mappings the opt-in SIGBUS guard consults.
  *
  * Nothing here knows about tensors, groups or devices: a request is (file, offset, length,
  * destination, mode, completion callback).
