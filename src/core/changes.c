@@ -5,8 +5,7 @@
  * ferry_tensor_read_file (the file's bytes through ferry's own descriptor).
  *
  * The checks run without the manager's lock: a tensor's file is fixed when it is opened and stays
- * open until ferry_destroy, and ferry__iofile_check only reads the file's identity and sets an
- * atomic flag.
+ * open until ferry_destroy, and ferry__iofile_check writes only the file's atomic fields.
  */
 #include <stdlib.h>
 
