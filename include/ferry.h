@@ -393,6 +393,12 @@ typedef struct ferry_policy {
     int n_split;
     int split_devices[FERRY_MAX_SPLIT];
     float split_weights[FERRY_MAX_SPLIT];
+    /* Nonzero: every tensor of the group gets a private copy the engine may write (an engine that
+     * repacks weights in place, as llama.cpp's CPU repack does), never the file mapping, whatever
+     * the load mode and whatever the page cache holds; it overrides lazy (no tensor of the group is
+     * lazy). ferry_tensor_writable then returns 1 for each prepared tensor. Costs the memory and
+     * the read that zero-copy saves. */
+    int writable;
 } ferry_policy;
 
 /* Options at creation. Zero-initialised means defaults. */
@@ -540,8 +546,23 @@ FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
  * ferry_prepare of a tensor of that file, or by ferry_check_files, with FERRY_ECHANGED. A policy
  * with load FERRY_LOAD_READ or FERRY_LOAD_DIRECT gives private copies: their bytes never change
  * under the engine and they never fault; the file's change is still reported at the next
- * prepare. ferry's own copies never read the mapping and never die of SIGBUS. */
+ * prepare. ferry's own copies never read the mapping and never die of SIGBUS.
+ *
+ * Writing: the pointer is typed void * for the engine's convenience, but memory ferry serves from
+ * the file mapping (zero-copy and lazy tensors) is mapped PROT_READ: any write faults (SIGSEGV),
+ * whether or not its pages are in the page cache. Write only where ferry_tensor_writable says 1. */
 FERRY_API void *ferry_tensor_data(const ferry_tensor *t);
+/* 1 when the memory at ferry_tensor_data(T) may be written by the engine: a private copy that no
+ * other tensor and no file shares (host memory ferry allocated, or a staged device copy); 0 when T
+ * is not prepared, is lazy, or its policy lets it be served from the mapping. The answer depends on
+ * the policy and the adapter set only, never on the page cache: under FERRY_LOAD_AUTO a tensor that
+ * could be zero-copy reports 0 even when an uncached file gave it a private copy. A policy with
+ * `writable` set makes it 1 for every tensor of its group. Writes last as long as the copy: a home
+ * copy (home host or device) keeps them until ferry_destroy or its group's removal, unless a LoRA
+ * epoch re-stages it; a cached copy (home disk, or a staged copy on an accelerator) may be dropped
+ * after ferry_release and re-read from the file at the next prepare. For a split tensor: 1 when
+ * every part is writable. */
+FERRY_API int ferry_tensor_writable(const ferry_tensor *t);
 /* Bytes at ferry_tensor_data (differs from the file's size when converted). */
 FERRY_API uint64_t ferry_tensor_nbytes(const ferry_tensor *t);
 /* dtype at ferry_tensor_data. */

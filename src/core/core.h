@@ -115,6 +115,8 @@ struct ferry_tensor {
     int lazy;
     int zero_copy;            /* the host copy is the mapping */
     int auto_private;         /* not zero_copy only because load AUTO found it uncached */
+    int map_eligible;         /* its policy lets comp be the mapping in some cache state (lazy,
+                                 or zero-copy on the host before AUTO looks at the cache) */
     int compute_dev;
     ferry_dtype out_dtype;    /* dtype at the data pointer */
     uint64_t out_bytes;       /* bytes at the data pointer */

@@ -65,7 +65,8 @@ int ferry__decide(ferry *f, ferry_tensor *t)
                            t->info.name, dev, f->n_devs);
     /* A part's laziness is its parent's: the decision depends on the whole tensor's size. */
     uint64_t size = t->parent ? t->parent->info.nbytes : t->info.nbytes;
-    t->lazy = p->lazy == FERRY_LAZY_ON || (p->lazy == FERRY_LAZY_AUTO && size >= threshold);
+    t->lazy = !p->writable &&
+              (p->lazy == FERRY_LAZY_ON || (p->lazy == FERRY_LAZY_AUTO && size >= threshold));
     t->compute_dev = dev;
     t->out_dtype = t->info.dtype;
     t->out_bytes = t->info.nbytes;
@@ -92,6 +93,12 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     int staged = !f->devs[t->compute_dev].d->host_accessible || t->merge;
     t->zero_copy = !t->lazy && home == FERRY_HOME_HOST && (staged || !ferry__transformed(t)) &&
                    (p->load == FERRY_LOAD_MMAP || p->load == FERRY_LOAD_AUTO) && t->file->map;
+    /* writable: the engine's copy is private; a staged copy already is, and its source may stay
+     * the mapping (the engine never sees that) */
+    if (p->writable && !staged)
+        t->zero_copy = 0;
+    /* decided before the cache is looked at, so that ferry_tensor_writable never depends on it */
+    t->map_eligible = t->lazy || (t->zero_copy && !staged);
     /* AUTO maps what the page cache holds and reads the rest into private memory with O_DIRECT:
      * filling the cache through the mapping runs at readahead's pace (1.1-1.35 GB/s on the
      * development VM), a direct read into a group load's arena at the disk's (bench/README.md) */

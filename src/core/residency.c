@@ -1414,6 +1414,26 @@ void *ferry_tensor_data(const ferry_tensor *t)
     return p;
 }
 
+/* Lock held. */
+static int unit_writable(const ferry_tensor *t)
+{
+    return t->refs > 0 && t->comp.state == FERRY__READY && t->comp.ptr && !t->comp.mapped &&
+           !t->lazy && !t->map_eligible;
+}
+
+int ferry_tensor_writable(const ferry_tensor *t)
+{
+    if (!t)
+        return 0;
+    ferry *f = t->owner;
+    pthread_mutex_lock(&f->lock);
+    int w = t->n_parts ? t->refs > 0 : unit_writable(t);
+    for (int i = 0; i < t->n_parts && w; i++)
+        w = unit_writable(t->parts[i]);
+    pthread_mutex_unlock(&f->lock);
+    return w;
+}
+
 int ferry_tensor_part_count(const ferry_tensor *t)
 {
     return t ? (t->n_parts ? t->n_parts : 1) : 0;
