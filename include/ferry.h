@@ -634,6 +634,67 @@ FERRY_API int ferry_guard_sigbus(int on);
 FERRY_API int ferry_load_group(ferry *f, const char *group);
 
 /* ---------------------------------------------------------------------------------------------
+ * Stream-ordered use, for engines whose devices run work asynchronously (CUDA streams)
+ *
+ * ferry_prepare blocks the calling thread until the bytes are in place, and ferry_release lets
+ * ferry reuse the memory at once: right for the cpu, wrong for a GPU engine whose kernels queued
+ * before the release may still be reading. The forms below hand over through events instead:
+ *   ferry_prepare_async(f, ts, n, &ready);     queues the loads, never waits for them
+ *   ferry_event_wait(ready, stream);           the engine's stream waits (the host only while a
+ *                                              load is still running: see ferry_event_wait)
+ *   ... launch kernels on stream reading ferry_tensor_data(ts[i]) ...
+ *   ferry_event_record(done, stream);          after the last kernel that reads them
+ *   ferry_release_after(f, ts, n, done);       ferry reuses the memory only once DONE completes
+ * A STREAM is the device's own queue handle (a cudaStream_t for cuda:N); on the cpu every event is
+ * complete at once, and on the sim device events order its copy queue and its compute queue.
+ * Events of a device whose table has no event operations are complete once recorded.
+ * Every event must be destroyed before ferry_destroy of its manager, which waits for every event
+ * a release is waiting on before it frees memory.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct ferry_event ferry_event;
+
+/* A new event of device DEVICE (a device id of F), complete until recorded. *OUT owned by the
+ * caller: ferry_event_destroy. FERRY_ENOENT for no such device; the device's error otherwise. */
+FERRY_API int ferry_event_create(ferry *f, int device, ferry_event **out);
+/* Records EV after all work queued on STREAM so far (NULL: ferry's copy queue of the device); it
+ * completes when that work has. FERRY_EINVAL for an event of ferry_prepare_async (already set). */
+FERRY_API int ferry_event_record(ferry_event *ev, void *stream);
+/* Makes STREAM's later work wait for EV without blocking the calling thread (NULL: the calling
+ * thread waits, as ferry_event_synchronize). For an event of ferry_prepare_async whose loads still
+ * run on ferry's threads, the calling thread first waits for them (a stream cannot wait for a
+ * read from a file) and then hands the stream the wait for the copies to the device. Returns 0,
+ * or the error of a failed prepare (its tensors are then not held: no release is due), or the
+ * device's error. */
+FERRY_API int ferry_event_wait(ferry_event *ev, void *stream);
+/* Blocks until EV completes; returns as ferry_event_wait. */
+FERRY_API int ferry_event_synchronize(ferry_event *ev);
+/* 1 when EV has completed (for a prepare event: every load done and its tensors' data valid), 0
+ * while pending, a negative FERRY_E code when what it marks failed (a failed prepare's set is then
+ * released). Never waits for a load in flight; once none is, a prepare event is settled in the
+ * call (loads the budget had no room for are queued then, and waited for). */
+FERRY_API int ferry_event_query(ferry_event *ev);
+/* Frees EV (ferry keeps what it needs of an event a release waits on). A prepare event still
+ * pending is waited for first. NULL is a no-op. */
+FERRY_API void ferry_event_destroy(ferry_event *ev);
+
+/* Stream-ordered prepare: takes the references ferry_prepare takes and queues every load of TS,
+ * but returns without waiting for any. *READY receives a new event (destroy it with
+ * ferry_event_destroy) that completes when every data pointer of TS is valid and its bytes are on
+ * its compute device; before that, ferry_tensor_data may return NULL. The engine waits for it with
+ * ferry_event_wait (its stream) or ferry_event_synchronize (its thread). When a load fails, the
+ * error comes from that wait, the set is no longer held (as a failed ferry_prepare) and no
+ * release is due; on success release TS as after ferry_prepare (ferry_release or
+ * ferry_release_after). The loads respect the budgets as a prepare's do. Thread-safe. */
+FERRY_API int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n,
+                                  ferry_event **ready);
+/* Stream-ordered release: as ferry_release, but the references are dropped only once DONE (an
+ * event of F recorded by the engine after its last work that reads TS) completes; until then ferry
+ * does not evict, free, reuse or overwrite the memory of TS, and a load that needs the room waits
+ * for the event. The caller may destroy DONE at once. DONE NULL: ferry_release. */
+FERRY_API int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event *done);
+
+/* ---------------------------------------------------------------------------------------------
  * LoRA adapters
  *
  * An adapter file (safetensors or GGUF) holds low-rank factors for some base weights, in one of

@@ -24,7 +24,9 @@
 extern "C" {
 #endif
 
-#define FERRY_DEVICE_OPS_VERSION 1
+/* 1: up to read_sync. 2: the event members. The core reads a table's version before it uses a
+ * member newer than version 1, so a table written against an older header keeps working. */
+#define FERRY_DEVICE_OPS_VERSION 2
 
 typedef struct ferry_device ferry_device;
 
@@ -60,6 +62,26 @@ typedef struct ferry_device_ops {
     /* Reads BYTES of device memory at SRC into host DST synchronously (verification, tests). NULL:
      * the core uses copy_d2h + wait. */
     int (*read_sync)(ferry_device *d, void *dst, const void *src, uint64_t n);
+
+    /* ---- version 2: events, the stream-ordered hand-off between ferry's copies and the engine's
+     * work (as cudaEvent_t). An event marks a point in a queue of the device's work; a STREAM is
+     * a queue of the engine's (a cudaStream_t on cuda), NULL meaning the device's own copy queue
+     * in record and the calling thread in wait. All five members or none: with none (or a table
+     * of version 1) the core treats every event of the device as complete once the host has
+     * waited for its copies, as on the cpu. */
+    /* *EV receives a new event, complete until first recorded. */
+    int (*event_create)(ferry_device *d, void **ev);
+    /* Frees EV; a record still queued completes first, unobserved. */
+    void (*event_destroy)(ferry_device *d, void *ev);
+    /* Records EV after all the work queued on STREAM so far; it completes when that work has. */
+    int (*event_record)(ferry_device *d, void *ev, void *stream);
+    /* Makes STREAM's later work wait for EV's latest record, without blocking the caller; with
+     * STREAM NULL, blocks the caller until it completes. Returns 0 or the failure of the work the
+     * record covers (FERRY_EDEVICE). */
+    int (*event_wait)(ferry_device *d, void *ev, void *stream);
+    /* 1 when EV's latest record has completed (or it was never recorded), 0 while pending, a
+     * negative FERRY_E code when the work before it failed. Never blocks. */
+    int (*event_query)(ferry_device *d, void *ev);
 } ferry_device_ops;
 
 struct ferry_device {
@@ -77,7 +99,8 @@ struct ferry_device {
 FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errmsg, size_t errlen);
 /* Hands a device of the caller's own implementation to manager F (declared in ferry.h as
  * `struct ferry`): F owns it from then on and destroys it in ferry_destroy. alloc, free, copy_h2d
- * and wait are required; the other members may be NULL. *ID receives its id. */
+ * and wait are required; the other members may be NULL. ops->version must be 1 or more: members
+ * newer than it are never read (a version 1 table may end at read_sync). *ID receives its id. */
 FERRY_API int ferry_add_device_custom(struct ferry *f, ferry_device *d, int *id);
 /* d->ops->destroy(d); NULL is a no-op. */
 FERRY_API void ferry_device_close(ferry_device *d);

@@ -13,7 +13,9 @@
  *    cudaErrorInvalidValue (or cudaErrorInvalidMemcpyDirection) and queues nothing;
  *  - streams are asynchronous: cudaMemcpyAsync only queues; one worker thread per stream copies
  *    later (after FAKE_CUDA_DELAY_US), in order; an event completes when the worker reaches its
- *    record; cudaEventQuery says cudaErrorNotReady until then; the synchronize calls block. The
+ *    record; cudaEventQuery says cudaErrorNotReady until then; the synchronize calls block;
+ *    cudaStreamWaitEvent holds a stream's later work until the event's latest record completes
+ *    (on any stream); fakecuda_launch queues a late "kernel" that reads device memory. The
  *    host side of every copy is read or written late, whatever memory it is (stricter than CUDA
  *    for pageable memory, which it copies through staging; ferry's device contract already
  *    forbids touching copy memory before the wait);
@@ -79,7 +81,7 @@ typedef struct fevent {
     int destroyed;
 } fevent;
 
-enum { OP_COPY, OP_RECORD };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_KERNEL };
 
 typedef struct op {
     struct op *next;
@@ -91,7 +93,10 @@ typedef struct op {
     int dir;           /* K_* */
     alloc_rec *rec[2]; /* device allocations it uses (NULL where host) */
     fevent *ev;
-    uint64_t seq;
+    uint64_t seq;      /* OP_RECORD: the record it completes; OP_WAIT: the record it waits for */
+    unsigned delay_us; /* OP_KERNEL: how late it runs */
+    fakecuda_kernel_fn fn;
+    void *ud;
 } op;
 
 typedef struct fstream {
@@ -321,9 +326,22 @@ static void *stream_main(void *arg)
                 sleep_us(d);
             if (!o->fail && !lost)
                 memcpy(o->dst, o->src, o->n);
+        } else if (o->kind == OP_KERNEL) {
+            if (o->delay_us)
+                sleep_us(o->delay_us);
+            if (!lost)
+                o->fn(o->ud, o->src, o->n);
         }
         pthread_mutex_lock(&g_lock);
-        if (o->kind == OP_COPY) {
+        if (o->kind == OP_WAIT) {
+            /* cudaStreamWaitEvent: later work on this stream waits for that record */
+            while (o->ev->done < o->seq)
+                pthread_cond_wait(&g_done, &g_lock);
+            if (--o->ev->refs == 0 && o->ev->destroyed)
+                free(o->ev);
+        } else if (o->kind == OP_KERNEL) {
+            o->rec[1]->queued--;
+        } else if (o->kind == OP_COPY) {
             for (int k = 0; k < 2; k++)
                 if (o->rec[k])
                     o->rec[k]->queued--;
@@ -728,6 +746,49 @@ API int cudaEventRecord(void *event, void *stream)
     return E_SUCCESS;
 }
 
+API int cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
+{
+    int e = enter();
+    if (e)
+        return e;
+    fevent *ev = event;
+    fstream *s = stream;
+    pthread_mutex_lock(&g_lock);
+    int err = 0;
+    if (!ev || !event_live(ev) || (s && !stream_live(s))) {
+        g_gl.bad_handles++;
+        err = E_INVALID_RESOURCE_HANDLE;
+    } else if (flags) {
+        err = E_INVALID_VALUE;
+    }
+    /* waits for the event's latest record; none yet, or already done: nothing to wait for */
+    int needed = !err && ev->recorded > ev->done;
+    op *o = needed ? calloc(1, sizeof *o) : NULL;
+    if (needed && !o)
+        err = E_MEMORY_ALLOCATION;
+    if (err) {
+        pthread_mutex_unlock(&g_lock);
+        return fail(err);
+    }
+    if (o) {
+        if (!s) {
+            /* the legacy default stream: the host waits here (nothing else is queued on it) */
+            while (ev->done < ev->recorded)
+                pthread_cond_wait(&g_done, &g_lock);
+            free(o);
+        } else {
+            o->kind = OP_WAIT;
+            o->ev = ev;
+            o->seq = ev->recorded;
+            ev->refs++;
+            enqueue(s, o);
+        }
+    }
+    g_gl.stream_waits++;
+    pthread_mutex_unlock(&g_lock);
+    return E_SUCCESS;
+}
+
 API int cudaEventQuery(void *event)
 {
     int e = enter();
@@ -933,6 +994,34 @@ API void fakecuda_set_faults(uint64_t malloc_nth, uint64_t copy_nth, int mode, u
     g_fail_host = host_nth;
     g_n_malloc = g_n_copy = g_n_host = 0;
     pthread_mutex_unlock(&g_lock);
+}
+
+API int fakecuda_launch(void *stream, const void *dev, size_t n, unsigned delay_us,
+                        fakecuda_kernel_fn fn, void *ud)
+{
+    int e = enter();
+    if (e)
+        return e;
+    fstream *s = stream;
+    pthread_mutex_lock(&g_lock);
+    alloc_rec *r = s && stream_live(s) && fn ? rec_find(dev, n) : NULL;
+    op *o = r ? calloc(1, sizeof *o) : NULL;
+    if (!o) {
+        pthread_mutex_unlock(&g_lock);
+        return fail(r ? E_MEMORY_ALLOCATION : E_INVALID_VALUE);
+    }
+    o->kind = OP_KERNEL;
+    o->src = r->host + ((uintptr_t)dev - r->dev);
+    o->n = n;
+    o->rec[1] = r;
+    o->delay_us = delay_us;
+    o->fn = fn;
+    o->ud = ud;
+    r->queued++;
+    g_gl.kernels++;
+    enqueue(s, o);
+    pthread_mutex_unlock(&g_lock);
+    return E_SUCCESS;
 }
 
 API void fakecuda_set_record_fault(uint64_t record_nth)

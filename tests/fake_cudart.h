@@ -53,7 +53,13 @@ typedef struct fakecuda_stats {
     uint64_t host_allocs, host_frees, bad_host_frees, live_host_allocs, live_host_bytes;
     uint64_t live_streams, live_events;
     uint64_t bad_handles;       /* calls with a stream or event that is not live */
+    uint64_t stream_waits;      /* cudaStreamWaitEvent calls accepted */
+    uint64_t kernels;           /* fakecuda_launch calls accepted */
 } fakecuda_stats;
+
+/* A "kernel" of the tests: reads N bytes of device memory (seen at BYTES, host memory of the fake)
+ * on its stream's worker. */
+typedef void (*fakecuda_kernel_fn)(void *ud, const void *bytes, size_t n);
 
 /* Counters of device DEV (0-based), or of all devices together when DEV is -1 (pinned memory,
  * streams and events are counted only in the total). Returns 0, or -1 for a bad DEV. */
@@ -66,6 +72,12 @@ typedef void (*fakecuda_set_faults_fn)(uint64_t malloc_nth, uint64_t copy_nth, i
 typedef void (*fakecuda_set_delay_fn)(unsigned us);
 /* From now on the RECORD_NTH-th cudaEventRecord fails with cudaErrorUnknown (0 = never). */
 typedef void (*fakecuda_set_record_fault_fn)(uint64_t record_nth);
+/* Queues a kernel on STREAM (a stream of the fake, not NULL) that reads [DEV, DEV+N) of one live
+ * allocation: after the work queued before it, the stream's worker sleeps DELAY_US and then calls
+ * FN(UD, bytes, N). The allocation counts as in use until it has run (cudaFree waits for it).
+ * Returns 0, or cudaErrorInvalidValue for a range outside every allocation. */
+typedef int (*fakecuda_launch_fn)(void *stream, const void *dev, size_t n, unsigned delay_us,
+                                  fakecuda_kernel_fn fn, void *ud);
 /* Restarts every device's peak_used at its current use. */
 typedef void (*fakecuda_reset_peak_fn)(void);
 /* Ends the lost-context state of a sticky failure (as a fresh process would). */

@@ -139,6 +139,7 @@ struct ferry_tensor {
     int arena_copy;           /* which copy that is: FERRY__ARENA_COMP or FERRY__ARENA_HOST */
 
     int refs;                 /* prepares minus releases */
+    int fenced;               /* of refs: releases waiting on an engine event (stream.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
     /* split placement: a parent has parts (its own copies stay empty); a part has a parent,
@@ -195,6 +196,29 @@ typedef struct ferry__job {
     size_t n_terms;
 } ferry__job;
 
+/* An event of the public API (stream.c). Engine events have one device handle; a prepare event
+ * has one per device its set is staged on, recorded on their copy queues once the set is ready.
+ * Fields under the manager's lock, except handles, which are set before the event is shared. */
+struct ferry_event {
+    ferry *f;
+    int dev;                      /* the device of an engine event; -1 for a prepare event */
+    void *h[FERRY_MAX_DEVICES];   /* device event handles (NULL: none, complete) */
+    int refs;                     /* the caller's (until destroy) + one per fence */
+    /* prepare events: the held set until it settles */
+    int prepare;
+    int pending;                  /* loads may still run; the set is held */
+    int status;                   /* once settled: 0, or the failure (the set then released) */
+    ferry_tensor **ts, **u;       /* the caller's set and its residency units (owned copies) */
+    size_t n, nu;
+};
+
+/* A release waiting on an engine event: T keeps the reference until EV completes. */
+typedef struct ferry__fence {
+    ferry_event *ev;
+    ferry_tensor *t;
+    struct ferry__fence *next;
+} ferry__fence;
+
 struct ferry {
     pthread_mutex_t lock;
     pthread_cond_t cond;      /* a tensor changed state, a job finished */
@@ -248,6 +272,7 @@ struct ferry {
     ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
                                  side, appended to under its read side */
     pthread_rwlock_t trace_lock;
+    ferry__fence *fences, *fences_tail; /* releases waiting on events, oldest first */
     ferry_stats stats;        /* counters; resident/peak filled from devs on read */
     /* Counters updated without the lock (atomics), merged into stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
@@ -397,6 +422,32 @@ int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_t
 int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n);
 
 /* residency.c */
+/* The first half of a prepare: checks TS, takes the references, records the access. *OUT: the
+ * residency units (TS itself unless something is split; else malloc'd). Lock held. */
+int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out,
+                         size_t *nout);
+/* Drops what prepare_begin took (a failed prepare). Lock held. */
+void ferry__prepare_undo(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
+                         size_t nu);
+/* The second half: waits until every unit is READY (undoing the references on failure). */
+int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
+                          size_t nu);
+/* Queues the loads of units not loading yet, without waiting; failures are left for the wait. */
+void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu);
+/* 1 when every unit is READY, 0 while some load runs (and none needs queuing), -1 when one needs
+ * a load queued again (or has failed). Lock held. */
+int ferry__units_state(const ferry *f, ferry_tensor *const *u, size_t nu);
+/* Drops one reference of T (and its parts), as ferry_release does. Lock held. */
+void ferry__release_tensor(ferry *f, ferry_tensor *t);
+
+/* stream.c — lock held by all */
+/* Ends the fences whose events have completed (queries, never waits). */
+void ferry__fences_reap(ferry *f);
+/* Waits for the oldest fence's event (dropping the lock meanwhile) and ends it. */
+void ferry__fences_wait_oldest(ferry *f);
+/* Waits for every fence. */
+void ferry__fences_wait_all(ferry *f);
+
 int ferry__loaders_start(ferry *f);
 void ferry__loaders_stop(ferry *f);
 /* Raises the loaders to the number a device the host cannot read wants (residency.c). Lock held. */

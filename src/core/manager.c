@@ -111,8 +111,14 @@ void ferry_destroy(ferry *f)
 {
     if (!f)
         return;
-    /* Cancel and drain: the loaders finish what they run, drop the queue and exit; only then is
-     * memory freed. */
+    /* Memory the engine's queued work still reads (releases waiting on events) is waited for
+     * first. Then cancel and drain: the loaders finish what they run, drop the queue and exit;
+     * only then is memory freed. */
+    if (f->loaders) {
+        pthread_mutex_lock(&f->lock);
+        ferry__fences_wait_all(f);
+        pthread_mutex_unlock(&f->lock);
+    }
     ferry__loaders_stop(f);
     if (f->trace) {
         ferry__trace_write(f, f->trace);
@@ -190,8 +196,8 @@ int ferry_add_device(ferry *f, const char *spec, int *id)
 
 int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
 {
-    if (!f || !d || !d->ops || !d->ops->alloc || !d->ops->free || !d->ops->copy_h2d ||
-        !d->ops->wait)
+    if (!f || !d || !d->ops || !d->ops->version || !d->ops->alloc || !d->ops->free ||
+        !d->ops->copy_h2d || !d->ops->wait)
         return FERRY_EINVAL;
     return add_device(f, d, 0, d->name, "", id);
 }
@@ -516,6 +522,7 @@ int ferry_group_remove(ferry *f, const char *name)
         rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", name);
         goto out;
     }
+    ferry__fences_reap(f); /* releases whose events have completed count as done */
     /* From here on prepares of its tensors are refused, so none can start while this waits. */
     f->groups[g].removing = 1;
     for (size_t i = 0; i < f->n_tensors; i++) {

@@ -706,6 +706,13 @@ static void prefetch_ahead(ferry *f)
 
 static void drop_if_unkept(ferry *f, ferry_tensor *t);
 
+static void release_one(ferry *f, ferry_tensor *t)
+{
+    t->refs--;
+    t->comp.last_use = ++f->clock;
+    drop_if_unkept(f, t);
+}
+
 static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e)
 {
     ferry_tensor *t = j->t;
@@ -1111,7 +1118,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
             f->stats.prefetch_hits++;
     }
     for (;;) {
-        int pending = 0;
+        int pending = 0, again = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             ferry_tensor *t = ts[i];
             ferry__copy *c = home_only && t->host.permanent ? &t->host : &t->comp;
@@ -1138,6 +1145,15 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
             }
             uint64_t gen = t->load_gen;
             rc = enqueue(f, t, home_only, 0, 0);
+            if (rc == FERRY_EBUDGET && f->fences) {
+                /* the room is held by releases waiting on the engine's events: wait for the
+                 * oldest (without the lock), then try again */
+                ferry__err_clear(&f->err);
+                ferry__fences_wait_oldest(f);
+                rc = 0;
+                again = 1;
+                break;
+            }
             if (rc)
                 break;
             if (t->load_gen == gen && home_only) {
@@ -1149,6 +1165,8 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
                 t->populating)
                 pending = 1;
         }
+        if (again)
+            continue; /* the states may have changed while the lock was dropped */
         if (rc || !pending)
             break;
         /* What this set needs is queued: the next set's prefetch goes behind it, so the copy
@@ -1209,14 +1227,9 @@ static int expand(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***o
     return 0;
 }
 
-int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
+int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out,
+                         size_t *nout)
 {
-    if (!f || (n && !ts))
-        return FERRY_EINVAL;
-    /* a file that changed since it was opened fails before anything of it is used */
-    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
-        return FERRY_ECHANGED;
-    pthread_mutex_lock(&f->lock);
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
         rc = usable(f, ts[i]);
@@ -1224,10 +1237,8 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     size_t nu = 0;
     if (!rc)
         rc = expand(f, ts, n, &u, &nu);
-    if (rc) {
-        pthread_mutex_unlock(&f->lock);
+    if (rc)
         return rc;
-    }
     for (size_t i = 0; i < n; i++) {
         ts[i]->used = 1;
         f->stats.prepares++;
@@ -1242,7 +1253,29 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
         set_bytes += u[i]->out_bytes;
     }
     f->last_set_bytes = set_bytes;
-    rc = bring(f, u, nu, 0, 1);
+    *out = u;
+    *nout = nu;
+    return 0;
+}
+
+void ferry__prepare_undo(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
+                         size_t nu)
+{
+    for (size_t i = 0; i < nu; i++) {
+        u[i]->refs--;
+        drop_if_unkept(f, u[i]);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ts[i]->n_parts) {
+            ts[i]->refs--;
+            drop_if_unkept(f, ts[i]);
+        }
+}
+
+int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
+                          size_t nu)
+{
+    int rc = bring(f, (ferry_tensor **)u, nu, 0, 1);
     if (rc == FERRY_EIO) {
         /* a read that failed because the file changed meanwhile: say so */
         pthread_mutex_unlock(&f->lock);
@@ -1250,23 +1283,66 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
         pthread_mutex_lock(&f->lock);
     }
     if (rc) {
-        for (size_t i = 0; i < nu; i++) {
-            u[i]->refs--;
-            drop_if_unkept(f, u[i]);
-        }
-        for (size_t i = 0; i < n; i++)
-            if (ts[i]->n_parts) {
-                ts[i]->refs--;
-                drop_if_unkept(f, ts[i]);
-            }
-    } else {
-        for (size_t i = 0; i < nu; i++) {
-            u[i]->comp.last_use = ++f->clock;
-            u[i]->comp.ahead = 0;
-        }
-        prefetch_ahead(f);
+        ferry__prepare_undo(f, ts, n, u, nu);
+        return rc;
     }
-    if (u != ts)
+    for (size_t i = 0; i < nu; i++) {
+        u[i]->comp.last_use = ++f->clock;
+        u[i]->comp.ahead = 0;
+    }
+    prefetch_ahead(f);
+    return 0;
+}
+
+void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu)
+{
+    ferry__err saved = f->err;
+    for (size_t i = 0; i < nu; i++)
+        if (u[i]->comp.state == FERRY__EMPTY)
+            (void)enqueue(f, u[i], 0, 0, 0); /* what cannot be queued now is retried at the wait */
+    f->err = saved;
+    prefetch_ahead(f);
+}
+
+int ferry__units_state(const ferry *f, ferry_tensor *const *u, size_t nu)
+{
+    (void)f;
+    int loading = 0, missing = 0;
+    for (size_t i = 0; i < nu; i++) {
+        const ferry_tensor *t = u[i];
+        if (t->comp.state == FERRY__READY && !t->populating && !t->stale)
+            continue;
+        if (t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING || t->populating)
+            loading = 1;
+        else
+            missing = 1;
+    }
+    return loading ? 0 : missing ? -1 : 1;
+}
+
+void ferry__release_tensor(ferry *f, ferry_tensor *t)
+{
+    release_one(f, t);
+    for (int k = 0; k < t->n_parts; k++)
+        if (t->parts[k]->refs > 0)
+            release_one(f, t->parts[k]);
+}
+
+int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    if (!f || (n && !ts))
+        return FERRY_EINVAL;
+    /* a file that changed since it was opened fails before anything of it is used */
+    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
+        return FERRY_ECHANGED;
+    pthread_mutex_lock(&f->lock);
+    ferry__fences_reap(f);
+    ferry_tensor **u = NULL;
+    size_t nu = 0;
+    int rc = ferry__prepare_begin(f, ts, n, &u, &nu);
+    if (!rc)
+        rc = ferry__prepare_finish(f, ts, n, u, nu);
+    if (u && u != ts)
         free(u);
     pthread_mutex_unlock(&f->lock);
     return rc;
@@ -1287,12 +1363,6 @@ static void drop_if_unkept(ferry *f, ferry_tensor *t)
     }
 }
 
-static void release_one(ferry *f, ferry_tensor *t)
-{
-    t->refs--;
-    t->comp.last_use = ++f->clock;
-    drop_if_unkept(f, t);
-}
 
 int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
 {
@@ -1302,16 +1372,14 @@ int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_tensor *t = ts[i];
-        if (!t || t->refs <= 0) {
+        if (!t || t->refs - t->fenced <= 0) {
             rc = ferry__fail(&f->err, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
                              t ? t->info.name : "(null)");
             continue;
         }
-        release_one(f, t);
-        for (int k = 0; k < t->n_parts; k++)
-            if (t->parts[k]->refs > 0)
-                release_one(f, t->parts[k]);
+        ferry__release_tensor(f, t);
     }
+    ferry__fences_reap(f);
     pthread_mutex_unlock(&f->lock);
     return rc;
 }
@@ -1321,6 +1389,8 @@ int ferry_release_all(ferry *f)
     if (!f)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
+    /* Memory a release waits on is the engine's until its event completes. */
+    ferry__fences_wait_all(f);
     /* Prefetches in flight would land copies nobody holds: let them finish first, so that what
      * is not kept is gone when this returns. */
     while (f->inflight_prefetch && !f->closing)

@@ -292,6 +292,40 @@ static int cpu_read_sync(ferry_device *d, void *dst, const void *src, uint64_t n
     return cpu_copy(d, dst, src, n, NULL, "read_sync");
 }
 
+/* Events: the cpu's copies are done when they return and the engine's work is the host's own, so
+ * every event is complete; one shared marker serves as all of them. */
+static char cpu_event_marker;
+
+static int cpu_event_create(ferry_device *d, void **ev)
+{
+    (void)d;
+    *ev = &cpu_event_marker;
+    return 0;
+}
+
+static void cpu_event_destroy(ferry_device *d, void *ev)
+{
+    (void)d, (void)ev;
+}
+
+static int cpu_event_record(ferry_device *d, void *ev, void *stream)
+{
+    (void)d, (void)ev, (void)stream;
+    return 0;
+}
+
+static int cpu_event_wait(ferry_device *d, void *ev, void *stream)
+{
+    (void)d, (void)ev, (void)stream;
+    return 0;
+}
+
+static int cpu_event_query(ferry_device *d, void *ev)
+{
+    (void)d, (void)ev;
+    return 1;
+}
+
 static const ferry_device_ops cpu_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
     .destroy = cpu_destroy,
@@ -305,6 +339,11 @@ static const ferry_device_ops cpu_ops = {
     .host_alloc = NULL, /* any host memory will do: the core's aligned malloc */
     .host_free = NULL,
     .read_sync = cpu_read_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_query = cpu_event_query,
 };
 
 int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errlen)

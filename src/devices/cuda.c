@@ -5,6 +5,9 @@
  *
  * Each device has one non-blocking copy stream. A copy is cudaMemcpyAsync on that stream followed
  * by an event recorded after it; its ticket maps to that event, and wait synchronizes the event.
+ * The event ops hand work over between that stream and the engine's streams: a record on the copy
+ * stream (NULL) that the engine's stream waits on (cudaStreamWaitEvent), and the engine's records
+ * that ferry queries before it reuses memory the engine's kernels read.
  * Events come from a per-device pool. Copies are issued one at a time (the submit lock), so tickets
  * grow in stream order. The runtime's "current device" is per thread: every operation sets it first.
  * Pinned staging memory is portable and cached across devices (see "pinned host memory").
@@ -47,6 +50,7 @@ typedef struct cudart {
     cuda_err (*EventRecord)(void *, void *);
     cuda_err (*EventSynchronize)(void *);
     cuda_err (*EventQuery)(void *);
+    cuda_err (*StreamWaitEvent)(void *, void *, unsigned); /* optional: NULL waits on the host */
     cuda_err (*EventDestroy)(void *);
     cuda_err (*MemGetInfo)(size_t *, size_t *);
     cuda_err (*HostAlloc)(void **, size_t, unsigned);
@@ -121,6 +125,10 @@ static void rt_load(void)
     LOAD(GetErrorString)
     LOAD(GetLastError)
 #undef LOAD
+    {
+        void *sym = dlsym(lib, "cudaStreamWaitEvent");
+        memcpy(&rt.StreamWaitEvent, &sym, sizeof rt.StreamWaitEvent);
+    }
     rt_ok = 1;
 }
 
@@ -523,6 +531,90 @@ static void pin_track_open(int delta)
             rt.GetLastError();
 }
 
+/* ---- events: the engine's hand-off with the copy stream ---------------------------------------- */
+
+#define CUDA_ERR_NOT_READY 600 /* cudaErrorNotReady */
+
+static int cuda_event_create(ferry_device *d, void **ev)
+{
+    cuda_device *c = (cuda_device *)d;
+    *ev = NULL;
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.EventCreateWithFlags(ev, CUDA_EVENT_DISABLE_TIMING);
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
+                                  "%s: cudaEventCreateWithFlags failed: %s", d->name, cuda_str(e));
+    }
+    return 0;
+}
+
+static void cuda_event_destroy(ferry_device *d, void *ev)
+{
+    cuda_device *c = (cuda_device *)d;
+    if (!ev)
+        return;
+    set_dev(c);
+    if (rt.EventDestroy(ev))
+        rt.GetLastError();
+}
+
+static int cuda_event_record(ferry_device *d, void *ev, void *stream)
+{
+    cuda_device *c = (cuda_device *)d;
+    cuda_err e = set_dev(c);
+    if (!e) {
+        /* under submit, so that it lands behind every copy already issued on the copy stream */
+        if (!stream)
+            pthread_mutex_lock(&c->submit);
+        e = rt.EventRecord(ev, stream ? stream : c->stream);
+        if (!stream)
+            pthread_mutex_unlock(&c->submit);
+    }
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, e == CUDA_ERR_INVALID_VALUE ? FERRY_EINVAL : FERRY_EDEVICE,
+                                  "%s: cudaEventRecord failed: %s", d->name, cuda_str(e));
+    }
+    return 0;
+}
+
+static int cuda_event_wait(ferry_device *d, void *ev, void *stream)
+{
+    cuda_device *c = (cuda_device *)d;
+    cuda_err e = set_dev(c);
+    const char *call = "cudaEventSynchronize";
+    if (!e && stream && rt.StreamWaitEvent) {
+        call = "cudaStreamWaitEvent";
+        e = rt.StreamWaitEvent(stream, ev, 0);
+    } else if (!e) {
+        e = rt.EventSynchronize(ev); /* no stream given, or a runtime without the stream wait */
+    }
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: %s failed: %s", d->name, call,
+                                  cuda_str(e));
+    }
+    return 0;
+}
+
+static int cuda_event_query(ferry_device *d, void *ev)
+{
+    cuda_device *c = (cuda_device *)d;
+    cuda_err e = set_dev(c);
+    if (!e)
+        e = rt.EventQuery(ev);
+    if (e == CUDA_ERR_NOT_READY)
+        return 0;
+    if (e) {
+        rt.GetLastError();
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaEventQuery failed: %s", d->name,
+                                  cuda_str(e));
+    }
+    return 1;
+}
+
 static const ferry_device_ops cuda_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
     .destroy = cuda_destroy,
@@ -536,6 +628,11 @@ static const ferry_device_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .read_sync = NULL, /* the core's copy_d2h + wait */
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_query = cuda_event_query,
 };
 
 int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *err, size_t errlen)

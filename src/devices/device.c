@@ -62,6 +62,13 @@ void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char
     d->errmsg[0] = 0;
 }
 
+int ferry__device_has_events(const ferry_device *d)
+{
+    const ferry_device_ops *o = d ? d->ops : NULL;
+    return o && o->version >= 2 && o->event_create && o->event_destroy && o->event_record &&
+           o->event_wait && o->event_query;
+}
+
 /* ---- spec parsing ------------------------------------------------------------------------------ */
 
 static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)

@@ -108,6 +108,9 @@ int ferry__device_write(ferry_device *d, void *dst, const void *src, uint64_t n)
 int ferry__device_host_alloc(ferry_device *d, uint64_t size, void **ptr);
 void ferry__device_host_free(ferry_device *d, void *ptr);
 
+/* 1 when D's table has the event members (version 2 or later, all five set). */
+int ferry__device_has_events(const ferry_device *d);
+
 /* ---- host memory (hostmem.c) ----------------------------------------------------------------- */
 
 /* Aligned host memory (ALIGN a power of two; page alignment for big blocks). NULL when exhausted
@@ -159,6 +162,18 @@ typedef struct ferry__sim_stats {
     uint64_t misuse;          /* contract violations seen: a free while a copy of that memory was
                                  in flight (the free waited for it) */
 } ferry__sim_stats;
+
+/* The sim's compute queue, a stream for its event ops: a second worker thread, independent of
+ * the copy queue (as an engine's stream is of ferry's non-blocking copy stream), started at the
+ * first call. NULL when D is not a sim or the thread cannot start. */
+void *ferry__sim_stream(ferry_device *d);
+/* A "kernel" that reads device memory late: queued on STREAM (NULL: the copy queue) after the
+ * work before it, it sleeps DELAY_US and then calls FN(UD, the bytes of [DEV, DEV+N), N) on that
+ * queue's worker. [DEV, DEV+N) must lie in one live allocation, which counts as in use until
+ * the kernel has run. FERRY_EINVAL when D is not a sim or the range is not device memory. */
+typedef void (*ferry__sim_kernel_fn)(void *ud, const void *bytes, uint64_t n);
+int ferry__sim_kernel(ferry_device *d, void *stream, const void *dev, uint64_t n,
+                      uint64_t delay_us, ferry__sim_kernel_fn fn, void *ud);
 
 /* A snapshot of D's counters. FERRY_EINVAL when D is not a sim. */
 int ferry__sim_get_stats(ferry_device *d, ferry__sim_stats *out);

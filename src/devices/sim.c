@@ -40,10 +40,18 @@ typedef struct sim_block {
     int freeing;      /* a free is waiting for pending to drop to 0 */
 } sim_block;
 
-enum { JOB_H2D, JOB_D2H, JOB_READ };
+/* Copies (the first three) take tickets; the others are the event and test-kernel work. */
+enum { JOB_H2D, JOB_D2H, JOB_READ, JOB_RECORD, JOB_WAIT_EVENT, JOB_KERNEL };
+
+/* An event: its records complete in the order of their queue. */
+typedef struct sim_event {
+    uint64_t recorded, done; /* records made / completed; complete when done >= recorded */
+    uint32_t refs;           /* queued jobs that point here */
+    int destroyed;           /* freed by the last of them */
+} sim_event;
 
 typedef struct sim_job {
-    uint64_t ticket;
+    uint64_t ticket;  /* copies only; 0 for the others */
     char *dst;
     const char *src;
     uint64_t n;
@@ -51,7 +59,24 @@ typedef struct sim_job {
     int64_t enqueued_ns;
     int kind;
     int fail; /* complete with FERRY_EDEVICE without copying (injected) */
+    sim_event *ev;     /* JOB_RECORD, JOB_WAIT_EVENT */
+    uint64_t seq;      /* the record it completes, or waits for */
+    uint64_t delay_us; /* JOB_KERNEL */
+    ferry__sim_kernel_fn fn;
+    void *ud;
 } sim_job;
+
+struct sim_device;
+/* A queue of work with its worker: the copy queue, and the compute queue the tests' "kernels" use
+ * (ferry__sim_stream). */
+typedef struct sim_queue {
+    struct sim_device *s;
+    pthread_t thread;
+    int started;
+    pthread_cond_t work_cv; /* the worker waits here for jobs or stop */
+    sim_job *q;             /* ring of queued jobs (not the one running) */
+    size_t qcap, qhead, qlen;
+} sim_queue;
 
 typedef struct sim_failed {
     uint64_t ticket;
@@ -64,16 +89,14 @@ typedef struct sim_device {
     ferry_device base; /* first: a sim_device * is a ferry_device * */
     uint64_t capacity;
     int poison;
-    pthread_t worker;
 
     pthread_mutex_t lock;
-    pthread_cond_t work_cv; /* the worker waits here for jobs or stop */
-    pthread_cond_t done_cv; /* waiters: a job completed (done_ticket, pending counts moved) */
+    pthread_cond_t done_cv; /* waiters: a job completed (done_ticket, pending counts, events) */
     /* --- guarded by lock --- */
     sim_block **blocks; /* live blocks sorted by base address */
     size_t nblocks, cap_blocks;
-    sim_job *q; /* ring of queued jobs (not the one running) */
-    size_t qcap, qhead, qlen;
+    sim_queue cq;       /* copies (and records on the NULL stream) */
+    sim_queue kq;       /* the compute queue, started by ferry__sim_stream */
     uint64_t last_ticket; /* tickets issued: 1..last_ticket */
     uint64_t done_ticket; /* every ticket <= done_ticket has completed (FIFO, one worker) */
     sim_failed *failed;   /* completed with an error and not yet waited on */
@@ -195,25 +218,54 @@ static int reserve_failed(sim_device *s, size_t n)
     return 0;
 }
 
+static void event_unref(sim_event *ev)
+{
+    if (--ev->refs == 0 && ev->destroyed)
+        free(ev);
+}
+
 static void *worker_main(void *arg)
 {
-    sim_device *s = arg;
+    sim_queue *wq = arg;
+    sim_device *s = wq->s;
     int64_t busy_until = 0; /* when the simulated link is free again */
     /* Precise pacing sleeps; failure only costs precision. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 
     pthread_mutex_lock(&s->lock);
     for (;;) {
-        while (s->qlen == 0 && !s->stop)
-            pthread_cond_wait(&s->work_cv, &s->lock);
-        if (s->qlen == 0)
+        while (wq->qlen == 0 && !s->stop)
+            pthread_cond_wait(&wq->work_cv, &s->lock);
+        if (wq->qlen == 0)
             break; /* stop, and the queue is drained */
-        sim_job j = s->q[s->qhead];
-        s->qhead = (s->qhead + 1) % s->qcap;
-        s->qlen--;
+        sim_job j = wq->q[wq->qhead];
+        wq->qhead = (wq->qhead + 1) % wq->qcap;
+        wq->qlen--;
+        if (j.kind == JOB_RECORD) {
+            if (j.seq > j.ev->done)
+                j.ev->done = j.seq;
+            event_unref(j.ev);
+            pthread_cond_broadcast(&s->done_cv);
+            continue;
+        }
+        if (j.kind == JOB_WAIT_EVENT) {
+            while (j.ev->done < j.seq)
+                pthread_cond_wait(&s->done_cv, &s->lock);
+            event_unref(j.ev);
+            continue;
+        }
         uint64_t rate = s->rate;
         pthread_mutex_unlock(&s->lock);
 
+        if (j.kind == JOB_KERNEL) {
+            if (j.delay_us)
+                sleep_until(now_ns() + (int64_t)j.delay_us * 1000);
+            j.fn(j.ud, j.src, j.n);
+            pthread_mutex_lock(&s->lock);
+            j.blk->pending--;
+            pthread_cond_broadcast(&s->done_cv);
+            continue;
+        }
         int64_t start = now_ns();
         if (!j.fail && j.n)
             memcpy(j.dst, j.src, (size_t)j.n);
@@ -262,18 +314,24 @@ static void sim_destroy(ferry_device *d)
     sim_device *s = (sim_device *)d;
     pthread_mutex_lock(&s->lock);
     s->stop = 1;
-    pthread_cond_signal(&s->work_cv);
+    pthread_cond_signal(&s->cq.work_cv);
+    pthread_cond_signal(&s->kq.work_cv);
+    int kq = s->kq.started;
     pthread_mutex_unlock(&s->lock);
-    pthread_join(s->worker, NULL);
+    pthread_join(s->cq.thread, NULL);
+    if (kq)
+        pthread_join(s->kq.thread, NULL);
     /* Blocks still live break the contract; they are released all the same. */
     for (size_t i = 0; i < s->nblocks; i++) {
         ferry__host_free(s->blocks[i]->base);
         free(s->blocks[i]);
     }
     free(s->blocks);
-    free(s->q);
+    free(s->cq.q);
+    free(s->kq.q);
     free(s->failed);
-    pthread_cond_destroy(&s->work_cv);
+    pthread_cond_destroy(&s->cq.work_cv);
+    pthread_cond_destroy(&s->kq.work_cv);
     pthread_cond_destroy(&s->done_cv);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -391,29 +449,38 @@ static void sim_free(ferry_device *d, void *ptr)
     free(b);
 }
 
-/* Queues a job; lock held. The ring grows as needed. */
-static int enqueue(sim_device *s, sim_job *j)
+/* Queues a job on WQ; lock held. The ring grows as needed. Copies take the next ticket. */
+static int enqueue_on(sim_device *s, sim_queue *wq, sim_job *j)
 {
-    if (s->qlen == s->qcap) {
-        size_t cap = s->qcap ? s->qcap * 2 : 64;
+    if (wq->qlen == wq->qcap) {
+        size_t cap = wq->qcap ? wq->qcap * 2 : 64;
         sim_job *nq = malloc(cap * sizeof *nq);
         if (!nq)
             return FERRY_ENOMEM;
-        for (size_t i = 0; i < s->qlen; i++)
-            nq[i] = s->q[(s->qhead + i) % s->qcap];
-        free(s->q);
-        s->q = nq;
-        s->qcap = cap;
-        s->qhead = 0;
+        for (size_t i = 0; i < wq->qlen; i++)
+            nq[i] = wq->q[(wq->qhead + i) % wq->qcap];
+        free(wq->q);
+        wq->q = nq;
+        wq->qcap = cap;
+        wq->qhead = 0;
     }
-    j->ticket = ++s->last_ticket;
-    s->q[(s->qhead + s->qlen) % s->qcap] = *j;
-    s->qlen++;
+    int copy = j->kind <= JOB_READ;
+    j->ticket = copy ? ++s->last_ticket : 0;
+    wq->q[(wq->qhead + wq->qlen) % wq->qcap] = *j;
+    wq->qlen++;
     if (j->blk)
         j->blk->pending++;
-    s->st.copies_pending++;
-    pthread_cond_signal(&s->work_cv);
+    if (j->ev)
+        j->ev->refs++;
+    if (copy)
+        s->st.copies_pending++;
+    pthread_cond_signal(&wq->work_cv);
     return 0;
+}
+
+static int enqueue(sim_device *s, sim_job *j)
+{
+    return enqueue_on(s, &s->cq, j);
 }
 
 static const char *kind_name(int kind)
@@ -569,6 +636,93 @@ static int sim_read_sync(ferry_device *d, void *dst, const void *src, uint64_t n
     return rc ? rc : sim_wait(d, t);
 }
 
+/* ---- events ---------------------------------------------------------------------------------- */
+
+/* The queue STREAM names: NULL is the copy queue, the handle of ferry__sim_stream the compute
+ * queue; NULL for anything else. Lock held. */
+static sim_queue *queue_of(sim_device *s, void *stream)
+{
+    if (!stream)
+        return &s->cq;
+    return stream == &s->kq && s->kq.started ? &s->kq : NULL;
+}
+
+static int sim_event_create(ferry_device *d, void **ev)
+{
+    *ev = calloc(1, sizeof(sim_event));
+    return *ev ? 0 : ferry__device_fail(d, FERRY_ENOMEM, "%s: out of memory for an event", d->name);
+}
+
+static void sim_event_destroy(ferry_device *d, void *ev)
+{
+    sim_device *s = (sim_device *)d;
+    sim_event *e = ev;
+    if (!e)
+        return;
+    pthread_mutex_lock(&s->lock);
+    e->destroyed = 1;
+    int free_now = e->refs == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (free_now)
+        free(e);
+}
+
+static int sim_event_record(ferry_device *d, void *ev, void *stream)
+{
+    sim_device *s = (sim_device *)d;
+    sim_event *e = ev;
+    pthread_mutex_lock(&s->lock);
+    sim_queue *wq = e ? queue_of(s, stream) : NULL;
+    int rc = FERRY_EINVAL;
+    if (wq) {
+        sim_job j = {.kind = JOB_RECORD, .ev = e, .seq = e->recorded + 1};
+        rc = enqueue_on(s, wq, &j);
+        if (!rc)
+            e->recorded++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (rc)
+        return ferry__device_fail(d, rc, "%s: event record: %s", d->name,
+                                  rc == FERRY_EINVAL ? "no such event or stream" : "out of memory");
+    return 0;
+}
+
+static int sim_event_wait(ferry_device *d, void *ev, void *stream)
+{
+    sim_device *s = (sim_device *)d;
+    sim_event *e = ev;
+    if (!e)
+        return ferry__device_fail(d, FERRY_EINVAL, "%s: event wait: no event", d->name);
+    pthread_mutex_lock(&s->lock);
+    int rc = 0;
+    if (!stream) {
+        uint64_t target = e->recorded;
+        while (e->done < target)
+            pthread_cond_wait(&s->done_cv, &s->lock);
+    } else if (e->done < e->recorded) {
+        sim_queue *wq = queue_of(s, stream);
+        sim_job j = {.kind = JOB_WAIT_EVENT, .ev = e, .seq = e->recorded};
+        rc = wq ? enqueue_on(s, wq, &j) : FERRY_EINVAL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (rc)
+        return ferry__device_fail(d, rc, "%s: event wait: %s", d->name,
+                                  rc == FERRY_EINVAL ? "no such stream" : "out of memory");
+    return 0;
+}
+
+static int sim_event_query(ferry_device *d, void *ev)
+{
+    sim_device *s = (sim_device *)d;
+    sim_event *e = ev;
+    if (!e)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    int done = e->done >= e->recorded;
+    pthread_mutex_unlock(&s->lock);
+    return done;
+}
+
 static const ferry_device_ops sim_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
     .destroy = sim_destroy,
@@ -582,6 +736,11 @@ static const ferry_device_ops sim_ops = {
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
     .read_sync = sim_read_sync,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_wait = sim_event_wait,
+    .event_query = sim_event_query,
 };
 
 int ferry__sim_open(const char *spec, const ferry__sim_config *cfg, ferry_device **out, char *err,
@@ -602,11 +761,14 @@ int ferry__sim_open(const char *spec, const ferry__sim_config *cfg, ferry_device
     s->fc_nth = cfg->fail_copy;
     s->fc_every = cfg->fail_copy_every;
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->cq.work_cv, NULL);
+    pthread_cond_init(&s->kq.work_cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    int e = pthread_create(&s->worker, NULL, worker_main, s);
+    s->cq.s = s->kq.s = s;
+    int e = pthread_create(&s->cq.thread, NULL, worker_main, &s->cq);
     if (e) {
-        pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->cq.work_cv);
+        pthread_cond_destroy(&s->kq.work_cv);
         pthread_cond_destroy(&s->done_cv);
         pthread_mutex_destroy(&s->lock);
         free(s);
@@ -640,6 +802,39 @@ int ferry__sim_set_faults_every(ferry_device *d, uint64_t fail_alloc_nth, int al
     s->fc_count = 0;
     pthread_mutex_unlock(&s->lock);
     return 0;
+}
+
+void *ferry__sim_stream(ferry_device *d)
+{
+    sim_device *s = as_sim(d);
+    if (!s)
+        return NULL;
+    pthread_mutex_lock(&s->lock);
+    if (!s->kq.started && !s->stop &&
+        pthread_create(&s->kq.thread, NULL, worker_main, &s->kq) == 0)
+        s->kq.started = 1;
+    void *h = s->kq.started ? &s->kq : NULL;
+    pthread_mutex_unlock(&s->lock);
+    return h;
+}
+
+int ferry__sim_kernel(ferry_device *d, void *stream, const void *dev, uint64_t n,
+                      uint64_t delay_us, ferry__sim_kernel_fn fn, void *ud)
+{
+    sim_device *s = as_sim(d);
+    if (!s || !fn)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    sim_queue *wq = queue_of(s, stream);
+    sim_block *b = wq ? find_range(s, dev, n) : NULL;
+    int rc = FERRY_EINVAL;
+    if (b && !b->freeing) {
+        sim_job j = {.kind = JOB_KERNEL, .src = dev, .n = n, .blk = b, .delay_us = delay_us,
+                     .fn = fn, .ud = ud};
+        rc = enqueue_on(s, wq, &j);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 int ferry__sim_set_faults(ferry_device *d, uint64_t fail_alloc_nth, uint64_t fail_copy_nth)

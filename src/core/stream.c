@@ -1,0 +1,361 @@
+/*
+ * stream.c — stream-ordered use: events of the public API over the devices' event operations,
+ * prepares that do not wait (ferry_prepare_async) and releases that take effect when the engine's
+ * event completes (ferry_release_after).
+ *
+ * A release after an event becomes a fence: the tensor keeps that reference (so nothing evicts,
+ * frees or reuses its memory) until a query finds the event complete. Fences are reaped at every
+ * prepare and release; a load that finds no room waits for the oldest one (bring_wait). Event
+ * queries, creates, records and destroys never block and may run with the manager's lock held;
+ * waits on events never do.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "devices/devices.h"
+
+/* Drops one reference; the last frees the device handles. Lock held. */
+static void ev_unref(ferry_event *ev)
+{
+    if (--ev->refs > 0)
+        return;
+    ferry *f = ev->f;
+    for (int d = 0; d < f->n_devs; d++)
+        if (ev->h[d])
+            f->devs[d].d->ops->event_destroy(f->devs[d].d, ev->h[d]);
+    free(ev->ts);
+    free(ev->u);
+    free(ev);
+}
+
+/* Ends fence *PP (its event done): the reference goes. Lock held. */
+static void fence_end(ferry *f, ferry__fence **pp, ferry__fence *prev)
+{
+    ferry__fence *fc = *pp;
+    *pp = fc->next;
+    if (f->fences_tail == fc)
+        f->fences_tail = prev;
+    fc->t->fenced--;
+    ferry__release_tensor(f, fc->t);
+    ev_unref(fc->ev);
+    free(fc);
+}
+
+void ferry__fences_reap(ferry *f)
+{
+    ferry__fence **pp = &f->fences, *prev = NULL;
+    while (*pp) {
+        ferry_event *ev = (*pp)->ev;
+        ferry_device *d = f->devs[ev->dev].d;
+        /* an error means the engine's work is over all the same */
+        if (d->ops->event_query(d, ev->h[ev->dev]) != 0) {
+            fence_end(f, pp, prev);
+        } else {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+    }
+    pthread_cond_broadcast(&f->cond);
+}
+
+void ferry__fences_wait_oldest(ferry *f)
+{
+    ferry__fence *first = f->fences;
+    if (!first)
+        return;
+    ferry_event *ev = first->ev;
+    ferry_device *d = f->devs[ev->dev].d;
+    ev->refs++;
+    pthread_mutex_unlock(&f->lock);
+    (void)d->ops->event_wait(d, ev->h[ev->dev], NULL);
+    pthread_mutex_lock(&f->lock);
+    /* every fence on EV had its record covered by this wait (a later record only delays them) */
+    ferry__fence **pp = &f->fences, *prev = NULL;
+    while (*pp) {
+        if ((*pp)->ev == ev) {
+            fence_end(f, pp, prev);
+        } else {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+    }
+    ev_unref(ev);
+    ferry__fences_reap(f);
+}
+
+void ferry__fences_wait_all(ferry *f)
+{
+    while (f->fences)
+        ferry__fences_wait_oldest(f);
+}
+
+static ferry_event *ev_new(ferry *f, int dev)
+{
+    ferry_event *ev = calloc(1, sizeof *ev);
+    if (ev) {
+        ev->f = f;
+        ev->dev = dev;
+        ev->refs = 1;
+    }
+    return ev;
+}
+
+int ferry_event_create(ferry *f, int device, ferry_event **out)
+{
+    if (!f || !out)
+        return FERRY_EINVAL;
+    *out = NULL;
+    pthread_mutex_lock(&f->lock);
+    int n_devs = f->n_devs;
+    ferry_device *d = device >= 0 && device < n_devs ? f->devs[device].d : NULL;
+    pthread_mutex_unlock(&f->lock);
+    if (!d)
+        return ferry__fail_lock(f, FERRY_ENOENT, "event: no device %d (%d devices)", device,
+                                n_devs);
+    ferry_event *ev = ev_new(f, device);
+    if (!ev)
+        return ferry__fail_lock(f, FERRY_ENOMEM, "event: out of memory");
+    if (ferry__device_has_events(d)) {
+        int rc = d->ops->event_create(d, &ev->h[device]);
+        if (rc) {
+            char msg[256];
+            free(ev);
+            return ferry__fail_lock(f, rc, "%s: cannot create an event: %s", d->name,
+                                    ferry__device_errmsg(d, msg, sizeof msg));
+        }
+    }
+    *out = ev;
+    return 0;
+}
+
+int ferry_event_record(ferry_event *ev, void *stream)
+{
+    if (!ev)
+        return FERRY_EINVAL;
+    ferry *f = ev->f;
+    if (ev->prepare)
+        return ferry__fail_lock(f, FERRY_EINVAL, "event: a prepare's event cannot be recorded");
+    void *h = ev->h[ev->dev];
+    if (!h)
+        return 0;
+    ferry_device *d = f->devs[ev->dev].d;
+    int rc = d->ops->event_record(d, h, stream);
+    if (rc) {
+        char msg[256];
+        ferry__fail_lock(f, rc, "%s: cannot record an event: %s", d->name,
+                         ferry__device_errmsg(d, msg, sizeof msg));
+    }
+    return rc;
+}
+
+/* Waits until the prepare event's set is ready (or has failed), then records one handle per
+ * device it is staged on, behind its copies. Lock held (dropped while waiting). */
+static int settle(ferry_event *ev)
+{
+    ferry *f = ev->f;
+    while (ev->pending && ev->status == 1) /* another thread settles it */
+        pthread_cond_wait(&f->cond, &f->lock);
+    if (!ev->pending)
+        return ev->status;
+    ev->status = 1;
+    int rc = ferry__prepare_finish(f, ev->ts, ev->n, ev->u, ev->nu);
+    int devs[FERRY_MAX_DEVICES] = {0};
+    if (!rc)
+        for (size_t i = 0; i < ev->nu; i++) {
+            int d = ev->u[i]->comp.dev;
+            if (d >= 0 && d < f->n_devs && !f->devs[d].d->host_accessible &&
+                ferry__device_has_events(f->devs[d].d))
+                devs[d] = 1;
+        }
+    pthread_mutex_unlock(&f->lock);
+    for (int d = 0; d < FERRY_MAX_DEVICES && !rc; d++) {
+        if (!devs[d])
+            continue;
+        ferry_device *dv = f->devs[d].d;
+        void *h = NULL;
+        /* a record that cannot be made leaves that device to the host's wait: the loader has
+         * waited for its copies already */
+        if (dv->ops->event_create(dv, &h) == 0 && dv->ops->event_record(dv, h, NULL) != 0) {
+            dv->ops->event_destroy(dv, h);
+            h = NULL;
+        }
+        ev->h[d] = h;
+    }
+    pthread_mutex_lock(&f->lock);
+    ev->status = rc;
+    ev->pending = 0;
+    pthread_cond_broadcast(&f->cond);
+    return rc;
+}
+
+int ferry_event_wait(ferry_event *ev, void *stream)
+{
+    if (!ev)
+        return FERRY_EINVAL;
+    ferry *f = ev->f;
+    int rc = 0;
+    if (ev->prepare) {
+        pthread_mutex_lock(&f->lock);
+        rc = settle(ev);
+        pthread_mutex_unlock(&f->lock);
+        if (rc)
+            return rc;
+    }
+    for (int d = 0; d < FERRY_MAX_DEVICES && !rc; d++) {
+        if (!ev->h[d])
+            continue;
+        ferry_device *dv = f->devs[d].d;
+        rc = dv->ops->event_wait(dv, ev->h[d], stream);
+        if (rc == FERRY_EINVAL && stream)
+            rc = dv->ops->event_wait(dv, ev->h[d], NULL); /* a stream of another device */
+        if (rc) {
+            char msg[256];
+            ferry__fail_lock(f, rc, "%s: event wait failed: %s", dv->name,
+                             ferry__device_errmsg(dv, msg, sizeof msg));
+        }
+    }
+    return rc;
+}
+
+int ferry_event_synchronize(ferry_event *ev)
+{
+    return ferry_event_wait(ev, NULL);
+}
+
+int ferry_event_query(ferry_event *ev)
+{
+    if (!ev)
+        return FERRY_EINVAL;
+    ferry *f = ev->f;
+    if (ev->prepare) {
+        pthread_mutex_lock(&f->lock);
+        int rc = 0;
+        if (ev->pending && ev->status != 1 && ferry__units_state(f, ev->u, ev->nu) != 0)
+            rc = settle(ev); /* nothing in flight: settling queues again or reports */
+        else if (ev->pending)
+            rc = 1; /* loading */
+        else
+            rc = ev->status;
+        pthread_mutex_unlock(&f->lock);
+        if (rc)
+            return rc > 0 ? 0 : rc;
+    }
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+        if (!ev->h[d])
+            continue;
+        ferry_device *dv = f->devs[d].d;
+        int q = dv->ops->event_query(dv, ev->h[d]);
+        if (q <= 0)
+            return q;
+    }
+    return 1;
+}
+
+void ferry_event_destroy(ferry_event *ev)
+{
+    if (!ev)
+        return;
+    ferry *f = ev->f;
+    pthread_mutex_lock(&f->lock);
+    if (ev->prepare && ev->pending)
+        (void)settle(ev);
+    ev_unref(ev);
+    pthread_mutex_unlock(&f->lock);
+}
+
+int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event **ready)
+{
+    if (!f || (n && !ts) || !ready)
+        return FERRY_EINVAL;
+    *ready = NULL;
+    /* a file that changed since it was opened fails before anything of it is used */
+    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
+        return FERRY_ECHANGED;
+    pthread_mutex_lock(&f->lock);
+    ferry__fences_reap(f);
+    ferry_tensor **u = NULL;
+    size_t nu = 0;
+    int rc = ferry__prepare_begin(f, ts, n, &u, &nu);
+    if (rc) {
+        pthread_mutex_unlock(&f->lock);
+        return rc;
+    }
+    ferry_event *ev = ev_new(f, -1);
+    if (ev) {
+        ev->ts = malloc((n ? n : 1) * sizeof *ev->ts);
+        ev->u = malloc((nu ? nu : 1) * sizeof *ev->u);
+    }
+    if (!ev || !ev->ts || !ev->u) {
+        ferry__prepare_undo(f, ts, n, u, nu);
+        if (ev)
+            free(ev->ts), free(ev->u), free(ev);
+        if (u != ts)
+            free(u);
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail_lock(f, FERRY_ENOMEM, "prepare: out of memory for the event");
+    }
+    if (n)
+        memcpy(ev->ts, ts, n * sizeof *ts);
+    if (nu)
+        memcpy(ev->u, u, nu * sizeof *u);
+    if (u != ts)
+        free(u);
+    ev->n = n;
+    ev->nu = nu;
+    ev->prepare = 1;
+    ev->pending = 1;
+    ferry__prepare_queue(f, ev->u, nu);
+    /* ready already (cached, mapped): settled now, which waits for nothing */
+    if (ferry__units_state(f, ev->u, nu) == 1)
+        (void)settle(ev);
+    pthread_mutex_unlock(&f->lock);
+    *ready = ev;
+    return 0;
+}
+
+int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event *done)
+{
+    if (!done)
+        return ferry_release(f, ts, n);
+    if (!f || (n && !ts) || done->f != f || done->prepare)
+        return f ? ferry__fail_lock(f, FERRY_EINVAL, "release: the event is not an engine "
+                                    "event of this manager")
+                 : FERRY_EINVAL;
+    if (!done->h[done->dev])
+        return ferry_release(f, ts, n); /* complete: nothing to wait for */
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_tensor *t = ts[i];
+        if (!t || t->refs - t->fenced <= 0) {
+            rc = ferry__fail(&f->err, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
+                             t ? t->info.name : "(null)");
+            continue;
+        }
+        ferry__fence *fc = malloc(sizeof *fc);
+        if (!fc) {
+            /* no memory to remember it: wait for the event here */
+            ferry_device *d = f->devs[done->dev].d;
+            done->refs++;
+            pthread_mutex_unlock(&f->lock);
+            (void)d->ops->event_wait(d, done->h[done->dev], NULL);
+            pthread_mutex_lock(&f->lock);
+            ev_unref(done);
+            if (t->refs - t->fenced > 0)
+                ferry__release_tensor(f, t);
+            continue;
+        }
+        *fc = (ferry__fence){.ev = done, .t = t};
+        done->refs++;
+        t->fenced++;
+        if (f->fences_tail)
+            f->fences_tail->next = fc;
+        else
+            f->fences = fc;
+        f->fences_tail = fc;
+    }
+    ferry__fences_reap(f);
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
