@@ -136,6 +136,9 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req);
 /* Cancels every queued chunk not yet started; their requests complete with FERRY_ECANCELED once
  * their running chunks finish. Waits until nothing is in flight. */
 void ferry__io_cancel_all(ferry__io *io);
+/* Cancels REQ's chunks not yet started (nothing when all are): it completes with FERRY_ECANCELED
+ * once its running chunks finish, its done callback called as usual. Does not wait. */
+void ferry__io_cancel_req(ferry__io *io, ferry__ioreq *req);
 /* Cancels, drains and frees. NULL no-op. */
 void ferry__io_destroy(ferry__io *io);
 void ferry__io_set_progress(ferry__io *io, ferry__io_progress_fn fn, void *ud);

@@ -344,6 +344,28 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
     return 0;
 }
 
+/* Drops the chunks of REQ (already out of the queue) not handed out. mu held. */
+static void drop_chunks_locked(ferry__io *io, ferry__ioreq *req)
+{
+    uint64_t end = req->offset + req->len;
+    /* chunks not handed out: those from next_chunk to the end */
+    uint64_t dropped = 0;
+    for (uint64_t pos = req->next_chunk; pos < end;
+         pos = ferry__io_chunk_end(req->offset, end, pos))
+        dropped++;
+    req->chunks_left -= dropped;
+    req->next_chunk = end;
+    if (req->status == 0) {
+        req->status = FERRY_ECANCELED;
+        snprintf(req->errmsg, sizeof req->errmsg,
+                 "%s: read of %llu bytes at offset %llu cancelled", req->file->path,
+                 (unsigned long long)req->len, (unsigned long long)req->offset);
+    }
+    /* with no chunk running, nobody else will finish it */
+    if (req->chunks_left == 0)
+        finish_locked(io, req);
+}
+
 /* Drops every chunk not handed out. mu held. */
 static void cancel_queued_locked(ferry__io *io)
 {
@@ -351,25 +373,31 @@ static void cancel_queued_locked(ferry__io *io)
     io->head = io->tail = NULL;
     while (req) {
         ferry__ioreq *next = req->next;
-        uint64_t end = req->offset + req->len;
-        /* chunks not handed out: those from next_chunk to the end */
-        uint64_t dropped = 0;
-        for (uint64_t pos = req->next_chunk; pos < end;
-             pos = ferry__io_chunk_end(req->offset, end, pos))
-            dropped++;
-        req->chunks_left -= dropped;
-        req->next_chunk = end;
-        if (req->status == 0) {
-            req->status = FERRY_ECANCELED;
-            snprintf(req->errmsg, sizeof req->errmsg,
-                     "%s: read of %llu bytes at offset %llu cancelled", req->file->path,
-                     (unsigned long long)req->len, (unsigned long long)req->offset);
-        }
-        /* with no chunk running, nobody else will finish it */
-        if (req->chunks_left == 0)
-            finish_locked(io, req);
+        drop_chunks_locked(io, req);
         req = next;
     }
+}
+
+void ferry__io_cancel_req(ferry__io *io, ferry__ioreq *req)
+{
+    if (!io || !req)
+        return;
+    pthread_mutex_lock(&io->mu);
+    ferry__ioreq *prev = NULL, *r = io->head;
+    while (r && r != req) {
+        prev = r;
+        r = r->next;
+    }
+    if (r) {
+        if (prev)
+            prev->next = r->next;
+        else
+            io->head = r->next;
+        if (io->tail == r)
+            io->tail = prev;
+        drop_chunks_locked(io, r);
+    }
+    pthread_mutex_unlock(&io->mu);
 }
 
 void ferry__io_cancel_all(ferry__io *io)
