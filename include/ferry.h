@@ -77,7 +77,7 @@ enum {
     FERRY_EBUDGET = -18,     /* the request cannot fit in the budget even after evicting */
     FERRY_EBUSY = -19,       /* the object is in use (prepared tensors, queued work) */
     FERRY_EDEVICE = -20,     /* a device failed or is unavailable */
-    FERRY_ECANCELED = -21,   /* the work was cancelled (close while in flight) */
+    FERRY_ECANCELED = -21,   /* the work was cancelled (close while in flight, progress callback) */
     FERRY_EUNSUPPORTED = -22,/* the operation is not supported in this configuration */
     FERRY_ELORA = -23,       /* an adapter does not fit its base tensors */
     FERRY_EMISMATCH = -24,   /* data differs from what was expected (reserved for verification) */
@@ -632,6 +632,24 @@ FERRY_API int ferry_guard_sigbus(int on);
  * range, FERRY_ECHANGED when the read failed because that file changed since it was opened;
  * FERRY_EBUDGET); what did load stays loaded and the manager stays usable. */
 FERRY_API int ferry_load_group(ferry *f, const char *group);
+
+/* Progress of a long load: DONE of TOTAL bytes that the call has to bring (bytes already in place
+ * when it began are not counted). Return 0 to go on, nonzero to cancel — the opposite of
+ * llama.cpp's progress_callback, whose false stops. */
+typedef int (*ferry_progress_fn)(void *user, uint64_t done, uint64_t total);
+/* Sets F's progress callback (NULL: none) and its USER pointer. ferry_load_group and every
+ * ferry_prepare (or settling of a ferry_prepare_async) that has bytes to load call it on their
+ * own thread, without any lock of F held (it may call ferry functions, on other tensors): first
+ * with DONE 0, then as tensors (or ranges of a group load) arrive, last with DONE == TOTAL when
+ * the call succeeds. Several threads may call it at once. When it returns nonzero the call stops
+ * queuing work, cancels the reads and loads of its set not yet started, waits for those already
+ * running, and returns FERRY_ECANCELED: tensors that arrived whole stay valid (a group load's
+ * range of neighbouring tensors, read as one, only when the whole range arrived), nothing partly
+ * loaded is ever marked valid, a cancelled prepare holds nothing, and the manager stays usable (a
+ * later load of the same set brings what is missing). Reads already running finish first: a
+ * group load stops within the 16 MiB chunks in flight (one per I/O worker, up to 8 per worker
+ * with io_uring), other loads within the tensors being loaded. */
+FERRY_API int ferry_set_progress(ferry *f, ferry_progress_fn fn, void *user);
 
 /* ---------------------------------------------------------------------------------------------
  * Stream-ordered use, for engines whose devices run work asynchronously (CUDA streams)

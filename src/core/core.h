@@ -140,6 +140,7 @@ struct ferry_tensor {
 
     int refs;                 /* prepares minus releases */
     int fenced;               /* of refs: releases waiting on an engine event (stream.c) */
+    int canceling;            /* a cancelled load is dropping its queued jobs (residency.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
     /* split placement: a parent has parts (its own copies stay empty); a part has a parent,
@@ -273,6 +274,8 @@ struct ferry {
                                  side, appended to under its read side */
     pthread_rwlock_t trace_lock;
     ferry__fence *fences, *fences_tail; /* releases waiting on events, oldest first */
+    ferry_progress_fn progress; /* ferry_set_progress */
+    void *progress_ud;
     ferry_stats stats;        /* counters; resident/peak filled from devs on read */
     /* Counters updated without the lock (atomics), merged into stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
@@ -346,6 +349,9 @@ typedef struct ferry__arena_read {
     ferry__ioreq req;
     size_t first, end;    /* it fills the copies of ts[first..end) (those claimed) */
     int status;
+    int done;             /* its callback ran (under the load's m) */
+    uint64_t bytes;       /* bytes of the claimed tensors it fills (progress) */
+    uint64_t chunk_bytes; /* bytes of its chunks read so far */
     struct ferry__arena_load *load;
 } ferry__arena_read;
 struct ferry__arena {
@@ -373,6 +379,7 @@ typedef struct ferry__arena_load {
     pthread_mutex_t m;    /* reads_left, and the wake-up when it reaches 0 */
     pthread_cond_t c;
     size_t reads_left;
+    uint64_t done_bytes;  /* bytes of the reads done (progress), under m */
 } ferry__arena_load;
 /* Places each tensor of TS with arena_copy set in an arena, for runs of neighbouring tensors of
  * one file and one load mode large enough to be worth it; *OUT is the list made (NULL: none).

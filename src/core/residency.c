@@ -945,31 +945,161 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
     return 1;
 }
 
+/* A chunk of a read arrived: progress in file bytes, at most the read's tensor bytes. */
+static void arena_chunk_read(void *ud, uint64_t bytes)
+{
+    ferry__arena_read *r = ud;
+    ferry__arena_load *L = r->load;
+    pthread_mutex_lock(&L->m);
+    uint64_t before = FERRY__MIN(r->chunk_bytes, r->bytes);
+    r->chunk_bytes += bytes;
+    L->done_bytes += FERRY__MIN(r->chunk_bytes, r->bytes) - before;
+    pthread_cond_signal(&L->c);
+    pthread_mutex_unlock(&L->m);
+}
+
 static void arena_read_done(void *ud, int status)
 {
     ferry__arena_read *r = ud;
     ferry__arena_load *L = r->load;
     pthread_mutex_lock(&L->m);
     r->status = status;
-    if (--L->reads_left == 0)
-        pthread_cond_signal(&L->c);
+    r->done = 1;
+    if (!status)
+        L->done_bytes += r->bytes - FERRY__MIN(r->chunk_bytes, r->bytes);
+    L->reads_left--;
+    pthread_cond_signal(&L->c); /* every one: the waiter reports progress */
     pthread_mutex_unlock(&L->m);
+}
+
+/* ---- progress and cancellation (ferry_set_progress) ------------------------------------------- */
+
+/* One call's progress: which of its units had bytes to bring when it began, and how many. */
+typedef struct load_progress {
+    ferry_progress_fn fn;     /* NULL: nothing to report */
+    void *ud;
+    unsigned char *todo;      /* todo[i]: unit i counts */
+    uint64_t total, reported;
+    int calls;
+    int canceled;
+} load_progress;
+
+static int unit_ready(const ferry_tensor *t, int home_only)
+{
+    const ferry__copy *c = home_only && t->host.permanent ? &t->host : &t->comp;
+    return c->state == FERRY__READY && !t->populating;
+}
+
+/* Lock held. Leaves P->fn NULL when no callback is set or nothing is to be loaded. */
+static void progress_begin(ferry *f, load_progress *p, ferry_tensor *const *ts, size_t n,
+                           int home_only)
+{
+    memset(p, 0, sizeof *p);
+    if (!f->progress || !n || !(p->todo = calloc(n, 1)))
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (!unit_ready(ts[i], home_only) && !ts[i]->lazy) {
+            p->todo[i] = 1;
+            p->total += ts[i]->out_bytes;
+        }
+    if (p->total) {
+        p->fn = f->progress;
+        p->ud = f->progress_ud;
+    }
+}
+
+static void progress_end(load_progress *p)
+{
+    free(p->todo);
+    p->todo = NULL;
+}
+
+/* Calls the callback with DONE (when it moved, or first), without the lock (dropped and taken
+ * again when LOCKED); 1 when it asks to cancel. */
+static int progress_report(ferry *f, load_progress *p, uint64_t done, int locked)
+{
+    if (!p->fn || p->canceled || (p->calls && done <= p->reported))
+        return p->canceled;
+    p->reported = done;
+    p->calls++;
+    if (locked)
+        pthread_mutex_unlock(&f->lock);
+    int stop = p->fn(p->ud, done, p->total) != 0;
+    if (locked)
+        pthread_mutex_lock(&f->lock);
+    p->canceled = stop;
+    return stop;
+}
+
+static uint64_t progress_done(const load_progress *p, ferry_tensor *const *ts, size_t n,
+                              int home_only, const uint64_t *seen)
+{
+    uint64_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p->todo[i] && (unit_ready(ts[i], home_only) || seen[i] == UINT64_MAX))
+            done += ts[i]->out_bytes;
+    return done;
+}
+
+/* Takes the queued (not started) jobs of TS off the queue, as failed with FERRY_ECANCELED: their
+ * copies go back to EMPTY and their memory to the budget. Lock held. */
+static void cancel_queued(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ts[i]->canceling = 1;
+    ferry__job **pp = &f->queue_head, *prev = NULL;
+    ferry__err saved = f->err;
+    while (*pp) {
+        ferry__job *j = *pp;
+        if (!j->t->canceling) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (f->queue_tail == j)
+            f->queue_tail = prev;
+        ferry__err e;
+        ferry__fail(&e, FERRY_ECANCELED, "tensor '%s': load cancelled", j->t->info.name);
+        finish_job(f, j, j->fill, FERRY_ECANCELED, &e);
+        job_recycle(f, j);
+    }
+    f->err = saved;
+    for (size_t i = 0; i < n; i++)
+        ts[i]->canceling = 0;
+    pthread_cond_broadcast(&f->cond);
+}
+
+static int canceled_fail(ferry *f, const load_progress *p)
+{
+    char a[32], b[32];
+    return ferry__fail(&f->err, FERRY_ECANCELED,
+                       "load cancelled by the progress callback after %s of %s",
+                       ferry__fmt_size(p->reported, a), ferry__fmt_size(p->total, b));
 }
 
 /* Issues every read of L's arenas at once on the I/O pool and waits for them; then locks the
  * copies whose policy asks for it. Lock not held: the claimed copies are LOADING, this load's. */
-static void arena_read(ferry *f, ferry__arena_load *L)
+static void arena_read(ferry *f, ferry__arena_load *L, load_progress *p)
 {
     double t0 = ferry__tracing(f) ? ferry__now() : 0;
     pthread_mutex_init(&L->m, NULL);
     pthread_cond_init(&L->c, NULL);
     L->reads_left = 0;
+    L->done_bytes = 0;
     for (ferry__arena *a = L->list; a; a = a->next)
         for (size_t k = 0; k < a->n_reads; k++) {
             ferry__arena_read *r = &a->reads[k];
             r->req.done = arena_read_done;
             r->req.ud = r;
             r->load = L;
+            r->req.chunk_read = arena_chunk_read;
+            r->done = 0;
+            r->bytes = 0;
+            r->chunk_bytes = 0;
+            for (size_t i = r->first; i < r->end; i++)
+                if (a->claimed[i])
+                    r->bytes += a->ts[i]->out_bytes;
             pthread_mutex_lock(&L->m);
             L->reads_left++;
             pthread_mutex_unlock(&L->m);
@@ -983,8 +1113,23 @@ static void arena_read(ferry *f, ferry__arena_load *L)
             }
         }
     pthread_mutex_lock(&L->m);
-    while (L->reads_left)
+    uint64_t shown = UINT64_MAX;
+    while (L->reads_left) {
+        uint64_t done = L->done_bytes;
+        if (p && p->fn && !p->canceled && done != shown) {
+            shown = done;
+            pthread_mutex_unlock(&L->m);
+            if (progress_report(f, p, done, 0)) {
+                /* the reads not started are dropped; those running finish (and are valid) */
+                for (ferry__arena *a = L->list; a; a = a->next)
+                    for (size_t k = 0; k < a->n_reads; k++)
+                        ferry__io_cancel_req(f->io, &a->reads[k].req);
+            }
+            pthread_mutex_lock(&L->m);
+            continue;
+        }
         pthread_cond_wait(&L->c, &L->m);
+    }
     pthread_mutex_unlock(&L->m);
     pthread_cond_destroy(&L->c);
     pthread_mutex_destroy(&L->m);
@@ -1057,17 +1202,33 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
 }
 
 static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                      int from_prepare);
+                      int from_prepare, load_progress *p);
 
 /* Waits until every tensor of TS has its comp copy READY, queuing loads as needed. Lock held.
  * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). A group
  * load (HOME_ONLY, not FROM_PREPARE) first reads the private host copies of runs of neighbouring
  * tensors as whole ranges of their files into arenas, on the I/O pool, while the calling thread
  * waits without the lock; what is left goes through jobs as in any other load. */
+static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
+                       int from_prepare, load_progress *p);
+
 static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int from_prepare)
 {
-    if (!home_only || from_prepare || n < 2)
-        return bring_wait(f, ts, n, home_only, from_prepare);
+    load_progress p;
+    progress_begin(f, &p, ts, n, home_only);
+    progress_report(f, &p, 0, 1);
+    int rc = bring_arena(f, ts, n, home_only, from_prepare, &p);
+    if (!rc && p.canceled)
+        rc = canceled_fail(f, &p);
+    progress_end(&p);
+    return rc;
+}
+
+static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
+                       int from_prepare, load_progress *p)
+{
+    if (!home_only || from_prepare || n < 2 || p->canceled)
+        return p->canceled ? 0 : bring_wait(f, ts, n, home_only, from_prepare, p);
     ferry__arena *list = NULL;
     for (size_t i = 0; i < n; i++)
         if (!ts[i]->arena) /* else another group load is reading it */
@@ -1085,19 +1246,23 @@ static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int
     ferry__arena_begin(&L, list, reads);
     if (reads) {
         pthread_mutex_unlock(&f->lock);
-        arena_read(f, &L);
+        arena_read(f, &L, p);
         ferry__arena_stop(&L);
         pthread_mutex_lock(&f->lock);
         rc = arena_settle(f, &L);
+        if (p->canceled) {
+            rc = 0; /* reported as the cancellation by bring */
+            ferry__err_clear(&f->err);
+        }
     }
-    if (!rc)
-        rc = bring_wait(f, ts, n, home_only, from_prepare);
+    if (!rc && !p->canceled)
+        rc = bring_wait(f, ts, n, home_only, from_prepare, p);
     ferry__arena_end(&L);
     return rc;
 }
 
 static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                      int from_prepare)
+                      int from_prepare, load_progress *p)
 {
     uint64_t local[64];
     uint64_t *seen = n <= 64 ? local : calloc(n, sizeof *seen);
@@ -1167,6 +1332,17 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
         }
         if (again)
             continue; /* the states may have changed while the lock was dropped */
+        if (!rc && p->fn) {
+            uint64_t before = p->reported;
+            int calls = p->calls;
+            if (progress_report(f, p, progress_done(p, ts, n, home_only, seen), 1)) {
+                cancel_queued(f, ts, n);
+                rc = canceled_fail(f, p);
+                break;
+            }
+            if (p->calls != calls && p->reported != before)
+                continue; /* the lock was dropped: look again before waiting */
+        }
         if (rc || !pending)
             break;
         /* What this set needs is queued: the next set's prefetch goes behind it, so the copy
@@ -1427,6 +1603,17 @@ int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
         if (stop)
             break;
     }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+int ferry_set_progress(ferry *f, ferry_progress_fn fn, void *user)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    f->progress = fn;
+    f->progress_ud = user;
     pthread_mutex_unlock(&f->lock);
     return 0;
 }

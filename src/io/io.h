@@ -108,6 +108,9 @@ typedef struct ferry__ioreq {
     ferry_load mode;
     ferry__io_done_fn done;
     void *ud;
+    /* Optional: called with UD and the bytes of each chunk read successfully, on a worker, before
+     * done (a long request's own progress). */
+    void (*chunk_read)(void *ud, uint64_t bytes);
     /* Written by the engine before done is called; read it in (or after) the done callback. On a
      * non-zero status: the detail of the chunk that failed first, e.g. "PATH: read of N bytes at
      * offset O failed: <strerror>", or "PATH: read of N bytes at offset O cancelled"; "" on

@@ -180,6 +180,8 @@ void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, co
     pthread_mutex_unlock(&io->mu);
 
     report_progress(io, pfn, pud, done, total);
+    if (status == 0 && req->chunk_read)
+        req->chunk_read(req->ud, n);
     if (last)
         complete(io, req, st);
 }
