@@ -342,6 +342,39 @@ static void conform_threads(ferry_device *d)
     }
 }
 
+/* Events (ops version 2): complete until recorded; a record behind a copy completes after it; a
+ * host wait on it returns once the copy is done. */
+static void conform_events(ferry_device *d)
+{
+    CHECK(d->ops->version >= 2);
+    CHECK(ferry__device_has_events(d));
+    if (!ferry__device_has_events(d))
+        return;
+    void *ev = NULL, *buf = NULL;
+    CHECK_EQ_INT(d->ops->event_create(d, &ev), 0);
+    CHECK_EQ_INT(d->ops->event_query(d, ev), 1);
+    CHECK_EQ_INT(d->ops->alloc(d, MiB, &buf), 0);
+    unsigned char *src = malloc(MiB), *back = malloc(MiB);
+    fill(src, MiB, 77);
+    uint64_t t = 0;
+    CHECK_EQ_INT(d->ops->copy_h2d(d, buf, src, MiB, &t), 0);
+    CHECK_EQ_INT(d->ops->event_record(d, ev, NULL), 0);
+    CHECK_EQ_INT(d->ops->event_wait(d, ev, NULL), 0);
+    CHECK_EQ_INT(d->ops->event_query(d, ev), 1);
+    if (strcmp(d->kind, "sim") == 0) {
+        ferry__sim_stats st;
+        CHECK_EQ_INT(ferry__sim_get_stats(d, &st), 0);
+        CHECK_EQ_INT(st.copies_pending, 0); /* the record came after the copy */
+        CHECK_EQ_INT(d->ops->event_record(d, ev, (void *)&st), FERRY_EINVAL); /* no such stream */
+    }
+    CHECK_EQ_INT(d->ops->wait(d, t), 0);
+    CHECK_EQ_INT(ferry__device_read(d, back, buf, MiB), 0);
+    CHECK(memcmp(src, back, MiB) == 0);
+    d->ops->free(d, buf);
+    d->ops->event_destroy(d, ev);
+    free(src), free(back);
+}
+
 static void run_conformance(ferry_device *d, const char *spec)
 {
     printf("conformance: %s\n", spec);
@@ -352,6 +385,7 @@ static void run_conformance(ferry_device *d, const char *spec)
     conform_tickets(d);
     conform_host_alloc(d);
     conform_threads(d);
+    conform_events(d);
     if (strcmp(d->kind, "sim") == 0) {
         ferry__sim_stats st;
         CHECK_EQ_INT(ferry__sim_get_stats(d, &st), 0);
