@@ -245,8 +245,9 @@ static void test_cpu_and_v1(void)
     CHECK_EQ_INT(ferry_prepare(f, &t, 1), 0);
     CHECK_EQ_INT(ferry_release_after(f, &t, 1, ev), 0);
     CHECK_EQ_INT(ferry_release(f, &t, 1), FERRY_EINVAL); /* released already */
-    CHECK_EQ_INT(ferry_event_create(f, 7, &ev), FERRY_ENOENT);
     ferry_event_destroy(ev);
+    CHECK_EQ_INT(ferry_event_create(f, 7, &ev), FERRY_ENOENT);
+    CHECK(ev == NULL);
 
     char msg[256];
     ferry_device *sim = NULL;
