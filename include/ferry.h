@@ -526,8 +526,8 @@ FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
  * cached until its device's budget needs the room — the default budgets included (a copy of an
  * older LoRA epoch goes at its last release). */
 FERRY_API int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n);
-/* Drops every reference of every tensor, after waiting for prefetches in flight; what no budget
- * allows to keep is freed before it returns. */
+/* Drops every reference of every tensor, after waiting for prefetches in flight (and for the
+ * events of ferry_release_after); what no budget allows to keep is freed before it returns. */
 FERRY_API int ferry_release_all(ferry *f);
 /* Asynchronous hint: starts bringing TS towards their compute devices as far as the budget allows.
  * Never blocks on I/O. */
@@ -709,7 +709,8 @@ FERRY_API int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n,
 /* Stream-ordered release: as ferry_release, but the references are dropped only once DONE (an
  * event of F recorded by the engine after its last work that reads TS) completes; until then ferry
  * does not evict, free, reuse or overwrite the memory of TS, and a load that needs the room waits
- * for the event. The caller may destroy DONE at once. DONE NULL: ferry_release. */
+ * for the event. The caller may destroy DONE at once. DONE NULL: ferry_release. The reference
+ * counts as released at once: a further ferry_release of a tensor prepared once is FERRY_EINVAL. */
 FERRY_API int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event *done);
 
 /* ---------------------------------------------------------------------------------------------
