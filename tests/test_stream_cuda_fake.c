@@ -22,6 +22,17 @@
 #include "ferry_device.h"
 #include "model_fixture.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSAN 1
+#endif
+#endif
+#ifndef TSAN
+#define TSAN 0
+#endif
+
 static char g_path[1200];
 static fakecuda_get_stats_fn fc_stats;
 static fakecuda_launch_fn fc_launch;
@@ -173,10 +184,13 @@ static void test_release_after(void *stream)
     ferry_tensor *a = ferry_find(ref, "blk.0.attn_q.weight");
     run_pressure(1, &fenced, stream);
     CHECK(captured_is(&fenced, a));
-    uint64_t misuse = stats().free_while_queued;
-    run_pressure(0, &plain, stream);
-    /* the kernel ran over memory that was reused (other bytes) or freed under it */
-    CHECK(!captured_is(&plain, a) || stats().free_while_queued > misuse);
+    /* a plain release: the kernel runs over memory that is reused (other bytes) or freed under
+     * it — a data race by design (the hazard the event closes), which TSan reports: not under it */
+    if (!TSAN) {
+        uint64_t misuse = stats().free_while_queued;
+        run_pressure(0, &plain, stream);
+        CHECK(!captured_is(&plain, a) || stats().free_while_queued > misuse);
+    }
     free(fenced.bytes), free(plain.bytes);
     ferry_destroy(ref);
 }

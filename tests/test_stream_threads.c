@@ -20,6 +20,17 @@
 #include "ferry_device.h"
 #include "model_fixture.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSAN 1
+#endif
+#endif
+#ifndef TSAN
+#define TSAN 0
+#endif
+
 static char g_path[1200];
 
 typedef struct capture {
@@ -144,12 +155,15 @@ static void test_release_after(void)
 
     run_pressure(1, &fenced);
     CHECK(captured_is(&fenced, a));
-    /* the same sequence with a plain release: the late kernel reads B's bytes in A's memory */
-    run_pressure(0, &plain);
-    pthread_mutex_lock(&plain.m);
-    CHECK_EQ_INT(plain.runs, 1);
-    pthread_mutex_unlock(&plain.m);
-    CHECK(!captured_is(&plain, a));
+    /* the same sequence with a plain release: the late kernel reads B's bytes in A's memory. That
+     * is a data race by design (the hazard the event closes), which TSan reports: not under it. */
+    if (!TSAN) {
+        run_pressure(0, &plain);
+        pthread_mutex_lock(&plain.m);
+        CHECK_EQ_INT(plain.runs, 1);
+        pthread_mutex_unlock(&plain.m);
+        CHECK(!captured_is(&plain, a));
+    }
     free(fenced.bytes), free(plain.bytes);
     ferry_destroy(f);
 }
