@@ -9,6 +9,10 @@
  * order; with a bandwidth limit each copy occupies the simulated link for n / rate seconds, back
  * to back, so that bytes / elapsed never exceeds the rate. Fault injection fails the N-th
  * allocation (FERRY_ENOMEM) or makes the N-th copy complete with FERRY_EDEVICE.
+ * Events are records in a queue: the copy queue, or a compute queue (a second worker, started by
+ * ferry__sim_stream) that stands for an engine's stream, where tests queue late "kernels" that
+ * read device memory and waits on events, independent of the copies as a CUDA engine's stream is
+ * of ferry's non-blocking copy stream.
  *
  * Locking: one mutex per device guards everything below `lock`; the worker runs memcpy and its
  * pacing sleep without it. Lock order: device lock, then the errmsg lock (device.c); the
