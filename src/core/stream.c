@@ -45,18 +45,21 @@ static void fence_end(ferry *f, ferry__fence **pp, ferry__fence *prev)
 void ferry__fences_reap(ferry *f)
 {
     ferry__fence **pp = &f->fences, *prev = NULL;
+    int ended = 0;
     while (*pp) {
         ferry_event *ev = (*pp)->ev;
         ferry_device *d = f->devs[ev->dev].d;
         /* an error means the engine's work is over all the same */
         if (d->ops->event_query(d, ev->h[ev->dev]) != 0) {
             fence_end(f, pp, prev);
+            ended = 1;
         } else {
             prev = *pp;
             pp = &(*pp)->next;
         }
     }
-    pthread_cond_broadcast(&f->cond);
+    if (ended)
+        pthread_cond_broadcast(&f->cond);
 }
 
 void ferry__fences_wait_oldest(ferry *f)
