@@ -32,6 +32,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_lora(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 /* ---- options ----------------------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@ static const cli_command commands[] = {
     {"inspect", cmd_inspect, "list a model's format, metadata and tensors (--json for scripts)"},
     {"gen", cmd_gen, "write a synthetic model with realistic names and shapes (llama, unet)"},
     {"run", cmd_run, "stream a model through a decode-shaped workload under budgets"},
+    {"generate", cmd_generate, "greedy decoding of a llama model with the reference engine"},
     {"plan", cmd_plan, "where each tensor would live under a placement (dry run)"},
     {"devices", cmd_devices, "the devices ferry can use here, with their memory"},
     {"lora", cmd_lora, "merge LoRA adapters into a model file (merge), describe an adapter (info)"},

@@ -235,6 +235,10 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
             return CLI_EXIT_FAIL;
         }
     }
+    if (r->groups_first && r->groups_first(f, &r->policy, r->groups_arg)) {
+        ferry_destroy(f);
+        return CLI_EXIT_FAIL;
+    }
     if (ferry_group_add(f, "all", "*", &r->policy)) {
         cli_error("%s", ferry_errmsg(f));
         ferry_destroy(f);

@@ -18,6 +18,11 @@ typedef struct runopts {
     ferry_policy policy;
     uint64_t host_budget, device_budget;
     int have_device_budget;
+    /* Called by runopts_open once the files are open, before group "all" is added: groups of the
+     * command's own, which take precedence (NULL: none). Returns 0 or CLI_EXIT_FAIL after
+     * printing why. */
+    int (*groups_first)(ferry *f, const ferry_policy *policy, void *arg);
+    void *groups_arg;
 } runopts;
 
 /* The options above as cli_opt entries, appended to OPTS at *N (room for 8 needed). The -a option

@@ -1,0 +1,68 @@
+/*
+ * llama.h — a llama decoder on ferry: the reference engine behind `ferry generate`, and the
+ * template an engine author copies. It sees only <ferry.h>: weights are found, checked, prepared,
+ * prefetched and released through the public API, the token embedding is read row by row from a
+ * lazy tensor, and the matrix-vector products are ferry_matvec split over a small thread pool.
+ *
+ * The forward pass is llama.cpp's for general.architecture = "llama": token embedding; per layer
+ * RMSNorm, Q/K/V, RoPE (normal mode: adjacent pairs), grouped-query attention over a KV cache,
+ * the output projection and residual, RMSNorm, the SwiGLU feed-forward and residual; the output
+ * norm and the output head (token_embd.weight when output.weight is absent).
+ */
+#ifndef FERRY_ENGINE_LLAMA_H
+#define FERRY_ENGINE_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry.h>
+
+/* The hyperparameters, from the file's metadata (llama.*) and the embedding's shape. */
+typedef struct llama_config {
+    uint32_t n_layer;     /* llama.block_count */
+    uint32_t dim;         /* llama.embedding_length */
+    uint32_t n_head;      /* llama.attention.head_count */
+    uint32_t n_head_kv;   /* llama.attention.head_count_kv (default n_head) */
+    uint32_t head_dim;    /* llama.attention.key_length (default dim / n_head) */
+    uint32_t kv_dim;      /* n_head_kv * head_dim */
+    uint32_t q_dim;       /* n_head * head_dim */
+    uint32_t ff;          /* llama.feed_forward_length */
+    uint32_t vocab;       /* rows of token_embd.weight */
+    uint32_t rope_dim;    /* llama.rope.dimension_count (default head_dim) */
+    float rope_base;      /* llama.rope.freq_base (default 10000) */
+    float eps;            /* llama.attention.layer_norm_rms_epsilon */
+    uint32_t ctx_train;   /* llama.context_length (0: unknown) */
+    int tied_output;      /* no output.weight: the head is token_embd.weight */
+} llama_config;
+
+typedef struct llama llama;
+
+/* Reads the configuration of the model F has open. 0, or a FERRY_E... code with the reason in
+ * ERR. */
+int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen);
+
+/* Bytes the engine itself holds for a context of N_CTX positions and N_THREADS threads: the KV
+ * cache, the activations and the threads' scratch. What it reserves against the host budget. */
+uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads);
+
+/* An engine over F's open model: finds every tensor, states what it expects of each
+ * (ferry_expect) and validates, allocates the KV cache for N_CTX positions and starts N_THREADS
+ * compute threads (the calling thread is one of them). F must outlive it. 0 and *OUT, or a code
+ * with the reason in ERR. */
+int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err, size_t errlen);
+/* Stops the threads and frees everything the engine allocated. NULL is a no-op. */
+void llama_destroy(llama *m);
+/* Runtime LoRA (ferry_lora_set_mode(f, FERRY_LORA_RUNTIME)): nonzero makes every product add the
+ * adapter terms ferry_lora_factors gives for its weight. Off by default (merge mode: ferry merged
+ * them into the staged copies already). */
+void llama_set_lora_runtime(llama *m, int on);
+/* The configuration read at create. */
+const llama_config *llama_get_config(const llama *m);
+
+/* Evaluates TOKEN at position POS (0, 1, 2, ... in order; POS < n_ctx): the KV cache gets its
+ * keys and values, and *LOGITS points at vocab floats, valid until the next call. 0, or a code
+ * with the reason in ERR. */
+int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,
+                  size_t errlen);
+
+#endif

@@ -1,0 +1,336 @@
+/*
+ * cmd_generate.c — `ferry generate`: greedy decoding with the llama engine (engine/llama.c) on the
+ * weights ferry places: evaluates the prompt one token at a time, then generates N tokens, and
+ * reports them with their text, the time to the first token, decode speed, bytes read per token
+ * and peak memory. --logits writes every evaluated position's logits (raw little-endian f32).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "llama.h"
+#include "runopts.h"
+#include "tokenizer.h"
+
+#define MAX_PROMPT 65536
+
+/* The token embedding gets a group of its own ahead of "all": lazy whatever the placement, its
+ * rows read with ferry_read_rows. */
+static int embedding_group(ferry *f, const ferry_policy *policy, void *arg)
+{
+    (void)arg;
+    ferry_policy p = *policy;
+    p.lazy = FERRY_LAZY_ON;
+    if (ferry_group_add(f, "embedding", "token_embd.weight", &p))
+        return cli_error("%s", ferry_errmsg(f));
+    return 0;
+}
+
+static long parse_tokens(const char *s, uint32_t *out, size_t max)
+{
+    size_t n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || v > UINT32_MAX || n == max || (*end && *end != ','))
+            return -1;
+        out[n++] = (uint32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    return (long)n;
+}
+
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+static uint32_t argmax(const float *v, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Reserves the engine's own memory (KV cache, activations, scratch) against the host budget. */
+static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx, int threads)
+{
+    uint64_t bytes = llama_memory_bytes(c, n_ctx, threads);
+#ifdef FERRY_HAVE_RESERVE
+    if (ferry_reserve(f, 0, bytes))
+        return cli_error("%s", ferry_errmsg(f));
+#else
+    (void)f;
+    (void)bytes;
+#endif
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    static const char *help =
+        "usage: ferry generate MODEL (--tokens ID,ID,... | --prompt TEXT) [options]\n"
+        "\n"
+        "Greedy decoding of a llama model (GGUF, general.architecture = llama) on the cpu,\n"
+        "its weights placed and moved by ferry: each layer prepared before use, the next one\n"
+        "prefetched, the token embedding lazy.\n"
+        "\n"
+        "options:\n"
+        "  --tokens ID,ID,...     the prompt as token ids\n"
+        "  --prompt TEXT          the prompt as text (the file's SentencePiece vocabulary)\n"
+        "  -n N                   tokens to generate (default 16)\n"
+        "  --threads T            compute threads (default: the online CPUs)\n"
+        "  --ctx N                context positions (default: prompt + N)\n"
+        "  --logits FILE          every evaluated position's logits, raw little-endian f32,\n"
+        "                         n_vocab per row: one row per prompt token, then one per\n"
+        "                         generated token but the last\n"
+        "  --json                 one JSON object on stdout\n"
+        "%s";
+    runopts r;
+    memset(&r, 0, sizeof r);
+    const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
+               *logits_path = NULL;
+    int json = 0;
+    cli_opt opts[24];
+    size_t no = 0;
+    runopts_add(&r, opts, &no);
+    opts[no++] = (cli_opt){"tokens", 0, CLI_OPT_STRING, &tokens_s};
+    opts[no++] = (cli_opt){"prompt", 'p', CLI_OPT_STRING, &prompt};
+    opts[no++] = (cli_opt){"n", 'n', CLI_OPT_STRING, &n_s};
+    opts[no++] = (cli_opt){"threads", 't', CLI_OPT_STRING, &threads_s};
+    opts[no++] = (cli_opt){"ctx", 0, CLI_OPT_STRING, &ctx_s};
+    opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
+    opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
+    if (runopts_collect_adapters("generate", &r, &argc, argv))
+        return CLI_EXIT_USAGE;
+    int npos = 0;
+    int prc = cli_parse("generate", argc, argv, opts, no, &npos);
+    if (prc == CLI_HELP) {
+        printf(help, runopts_help);
+        return CLI_EXIT_OK;
+    }
+    if (prc)
+        return prc;
+    if (npos < 1)
+        return cli_usage_error("generate", "no model file given");
+    if (!tokens_s == !prompt)
+        return cli_usage_error("generate", "give the prompt with one of --tokens or --prompt");
+    uint64_t n_gen = 16, threads = 0, n_ctx = 0;
+    if (n_s && cli_arg_u64("generate", "n", n_s, 1, 1u << 20, &n_gen))
+        return CLI_EXIT_USAGE;
+    if (threads_s && cli_arg_u64("generate", "threads", threads_s, 1, 1024, &threads))
+        return CLI_EXIT_USAGE;
+    if (ctx_s && cli_arg_u64("generate", "ctx", ctx_s, 1, 1u << 20, &n_ctx))
+        return CLI_EXIT_USAGE;
+    if (!threads) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = c > 0 ? (uint64_t)c : 1;
+    }
+    if (runopts_parse("generate", &r))
+        return CLI_EXIT_USAGE;
+    if ((r.device && strcmp(r.device, "cpu") != 0) || r.split)
+        return cli_usage_error("generate", "the engine computes on the cpu: --device and --split "
+                                           "are for run and bench");
+    uint32_t *prompt_ids = malloc(MAX_PROMPT * sizeof *prompt_ids);
+    if (!prompt_ids)
+        return cli_error("out of memory");
+    long np = 0;
+    if (tokens_s) {
+        np = parse_tokens(tokens_s, prompt_ids, MAX_PROMPT);
+        if (np <= 0) {
+            free(prompt_ids);
+            return cli_usage_error("generate", "--tokens: '%s' is not a list of token ids",
+                                   tokens_s);
+        }
+    }
+
+    double t_start = cli_now();
+    r.groups_first = embedding_group;
+    ferry *f;
+    if (runopts_open(&r, argv + 1, npos, &f)) {
+        free(prompt_ids);
+        return CLI_EXIT_FAIL;
+    }
+    int rc = CLI_EXIT_OK;
+    char err[512] = "";
+    llama *m = NULL;
+    FILE *lf = NULL;
+    uint32_t *gen = NULL;
+    tokenizer *tok = tokenizer_create(ferry_catalog_of(f), err, sizeof err);
+    if (prompt) {
+        if (!tok) {
+            rc = cli_fail(argv[1], err, -1);
+            goto out;
+        }
+        np = tokenizer_encode(tok, prompt, prompt_ids, MAX_PROMPT);
+        if (np <= 0) {
+            rc = cli_error("--prompt: no tokens (or more than %d)", MAX_PROMPT);
+            goto out;
+        }
+    }
+    if (!n_ctx)
+        n_ctx = (uint64_t)np + n_gen;
+    if (n_ctx < (uint64_t)np + n_gen - 1) {
+        rc = cli_usage_error("generate", "--ctx %llu is shorter than the prompt and -n need",
+                             (unsigned long long)n_ctx);
+        goto out;
+    }
+    if (llama_create(f, (uint32_t)n_ctx, (int)threads, &m, err, sizeof err)) {
+        rc = cli_fail(argv[1], err, -1);
+        goto out;
+    }
+    if (r.lora_mode && strcmp(r.lora_mode, "runtime") == 0)
+        llama_set_lora_runtime(m, 1);
+    const llama_config *c = llama_get_config(m);
+    if (reserve_engine_memory(f, c, (uint32_t)n_ctx, (int)threads)) {
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    for (long i = 0; i < np; i++)
+        if (prompt_ids[i] >= c->vocab) {
+            rc = cli_error("token %u is outside the vocabulary of %u", prompt_ids[i], c->vocab);
+            goto out;
+        }
+    if (logits_path && !(lf = fopen(logits_path, "wb"))) {
+        rc = cli_error("%s: cannot create", logits_path);
+        goto out;
+    }
+    gen = malloc(n_gen * sizeof *gen);
+    if (!gen) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    double t_first = 0, dec_seconds = 0;
+    uint64_t n_dec = 0, dec_bytes = 0, all_bytes = 0;
+    size_t n_out = 0;
+    uint32_t next = 0;
+    for (uint64_t i = 0; i < (uint64_t)np + n_gen - 1; i++) {
+        uint32_t t = i < (uint64_t)np ? prompt_ids[i] : next;
+        ferry_stats s0, s1;
+        ferry_get_stats(f, &s0);
+        double t0 = cli_now();
+        const float *logits;
+        if (llama_forward(m, t, (uint32_t)i, &logits, err, sizeof err)) {
+            rc = cli_fail(argv[1], err, -1);
+            goto out;
+        }
+        double t1 = cli_now();
+        ferry_get_stats(f, &s1);
+        all_bytes += s1.bytes_read - s0.bytes_read;
+        if (i >= (uint64_t)np) {
+            dec_seconds += t1 - t0;
+            dec_bytes += s1.bytes_read - s0.bytes_read;
+            n_dec++;
+        }
+        if (lf && fwrite(logits, sizeof *logits, c->vocab, lf) != c->vocab) {
+            rc = cli_error("%s: write error", logits_path);
+            goto out;
+        }
+        if (i + 1 >= (uint64_t)np) {
+            next = argmax(logits, c->vocab);
+            gen[n_out++] = next;
+            if (n_out == 1)
+                t_first = cli_now() - t_start;
+        }
+    }
+    if (lf) {
+        int bad = fclose(lf) != 0;
+        lf = NULL;
+        if (bad) {
+            rc = cli_error("%s: write error", logits_path);
+            goto out;
+        }
+    }
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    uint64_t evals = (uint64_t)np + n_gen - 1;
+    uint64_t per_token = n_dec ? dec_bytes / n_dec : evals ? all_bytes / evals : 0;
+    double tok_s = dec_seconds > 0 ? (double)n_dec / dec_seconds : 0;
+    char piece[256];
+    if (json) {
+        cli_json j;
+        cli_json_init(&j, stdout);
+        cli_json_begin_object(&j, 0);
+        cli_json_key(&j, "tokens");
+        cli_json_begin_array(&j, 1);
+        for (size_t i = 0; i < n_out; i++)
+            cli_json_u64(&j, gen[i]);
+        cli_json_end_array(&j);
+        if (tok) {
+            cli_json_key(&j, "pieces");
+            cli_json_begin_array(&j, 1);
+            for (size_t i = 0; i < n_out; i++) {
+                size_t k = tokenizer_piece(tok, gen[i], piece, sizeof piece);
+                cli_json_string_n(&j, piece, k);
+            }
+            cli_json_end_array(&j);
+        }
+        cli_json_key(&j, "prompt_tokens");
+        cli_json_begin_array(&j, 1);
+        for (long i = 0; i < np; i++)
+            cli_json_u64(&j, prompt_ids[i]);
+        cli_json_end_array(&j);
+        cli_json_key(&j, "n_vocab");
+        cli_json_u64(&j, c->vocab);
+        cli_json_key(&j, "threads");
+        cli_json_u64(&j, threads);
+        cli_json_key(&j, "first_token_seconds");
+        cli_json_f64(&j, t_first);
+        cli_json_key(&j, "decode_tok_s");
+        cli_json_f64(&j, tok_s);
+        cli_json_key(&j, "bytes_read_per_token");
+        cli_json_u64(&j, per_token);
+        cli_json_key(&j, "model_bytes");
+        cli_json_u64(&j, ferry_catalog_total_bytes(ferry_catalog_of(f)));
+        cli_json_key(&j, "engine_bytes");
+        cli_json_u64(&j, llama_memory_bytes(c, (uint32_t)n_ctx, (int)threads));
+        cli_json_key(&j, "peak_rss_bytes");
+        cli_json_u64(&j, peak_rss_bytes());
+        cli_json_key(&j, "prefetch_hits");
+        cli_json_u64(&j, st.prefetch_hits);
+        cli_json_key(&j, "prefetch_misses");
+        cli_json_u64(&j, st.prefetch_misses);
+        cli_json_end_object(&j);
+        cli_json_finish(&j);
+    } else {
+        char b1[32], b2[32];
+        printf("prompt: %ld tokens\ngenerated:", np);
+        for (size_t i = 0; i < n_out; i++)
+            printf(" %u", gen[i]);
+        printf("\n");
+        if (tok) {
+            printf("text: ");
+            for (long i = 0; prompt && i < np; i++) {
+                size_t k = tokenizer_piece(tok, prompt_ids[i], piece, sizeof piece);
+                cli_print_text(stdout, piece, k, sizeof piece);
+            }
+            printf("|");
+            for (size_t i = 0; i < n_out; i++) {
+                size_t k = tokenizer_piece(tok, gen[i], piece, sizeof piece);
+                cli_print_text(stdout, piece, k, sizeof piece);
+            }
+            printf("\n");
+        }
+        printf("first token %.3f s, decode %.2f tok/s (%llu threads), read %s per token, "
+               "peak RSS %s\nprefetch hits %llu, misses %llu\n",
+               t_first, tok_s, (unsigned long long)threads, cli_size(per_token, b1),
+               cli_size(peak_rss_bytes(), b2), (unsigned long long)st.prefetch_hits,
+               (unsigned long long)st.prefetch_misses);
+    }
+out:
+    if (lf)
+        fclose(lf);
+    free(gen);
+    llama_destroy(m);
+    tokenizer_destroy(tok);
+    ferry_destroy(f);
+    free(prompt_ids);
+    return rc;
+}
