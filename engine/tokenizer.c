@@ -78,7 +78,8 @@ tokenizer *tokenizer_create(const ferry_catalog *cat, char *err, size_t errlen)
     const ferry_value *toks = ferry_catalog_meta_find(cat, "tokenizer.ggml.tokens");
     if (ferry_catalog_get_str(cat, "tokenizer.ggml.model", &model) || !toks ||
         toks->type != FERRY_VALUE_ARRAY || toks->v.arr.elem != FERRY_VALUE_STRING ||
-        toks->v.arr.n == 0 || toks->v.arr.n > (1u << 24)) {
+        toks->v.arr.n == 0 || toks->v.arr.n > (1u << 24) || !strcmp(model, "none") ||
+        !strcmp(model, "no_vocab")) {
         snprintf(err, errlen, "the file carries no tokenizer");
         return NULL;
     }

@@ -813,7 +813,11 @@ static int write_meta(ferry_writer *w, const synth_model *m)
         rc = rc ? rc : set_meta_u64(w, g, "llama.attention.head_count_kv", U32, c->kv_heads);
         rc = rc ? rc : set_meta_u64(w, g, "llama.rope.dimension_count", U32, c->dim / c->heads);
         rc = rc ? rc : set_meta_f32(w, g, "llama.attention.layer_norm_rms_epsilon", 1e-5);
+        rc = rc ? rc : set_meta_f32(w, g, "llama.rope.freq_base", 10000.0);
         rc = rc ? rc : set_meta_u64(w, g, "llama.vocab_size", U32, c->vocab);
+        /* no vocabulary: llama.cpp then makes vocab_size placeholder tokens, and runs the file */
+        if (g)
+            rc = rc ? rc : ferry_writer_set_meta_str(w, "tokenizer.ggml.model", "none");
     } else {
         uint32_t chans[UNET_LEVELS];
         for (int i = 0; i < UNET_LEVELS; i++)

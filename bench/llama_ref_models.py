@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""llama_ref_models.py — writes llama GGUF models with llama.cpp's own writer (gguf-py), for
+comparing `ferry generate` with llama.cpp on the same file (bench/llama_compare.sh).
+
+Random N(0, 0.02) weights, RMSNorm weights of one, the SentencePiece vocabulary (and its tokenizer
+metadata) copied from llama.cpp's models/ggml-vocab-llama-spm.gguf. f32 or f16 weights; the other
+types come from llama-quantize.
+
+    PYTHONPATH=LLAMA_CPP/gguf-py /usr/bin/python3 llama_ref_models.py VOCAB.gguf OUT.gguf \
+        [--dim D] [--ff F] [--layers L] [--heads H] [--kv-heads K] [--tied] [--f32] [--seed S]
+"""
+import argparse
+
+import numpy as np
+import gguf
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("vocab")
+    ap.add_argument("out")
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--ff", type=int, default=1536)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--f32", action="store_true")
+    ap.add_argument("--rope-base", type=float, default=10000.0)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    kvh = a.kv_heads or a.heads
+    hd = a.dim // a.heads
+    rng = np.random.default_rng(a.seed)
+    vt = np.float32 if a.f32 else np.float16
+
+    r = gguf.GGUFReader(a.vocab)
+    tokens = [r.fields["tokenizer.ggml.tokens"].parts[i].tobytes()
+              for i in r.fields["tokenizer.ggml.tokens"].data]
+    scores = list(r.fields["tokenizer.ggml.scores"].contents())
+    types = list(r.fields["tokenizer.ggml.token_type"].contents())
+    n_vocab = len(tokens)
+
+    w = gguf.GGUFWriter(a.out, "llama")
+    w.add_name("ferry-ref")
+    w.add_block_count(a.layers)
+    w.add_context_length(2048)
+    w.add_embedding_length(a.dim)
+    w.add_feed_forward_length(a.ff)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(kvh)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(a.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0 if a.f32 else 1)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(int(r.fields["tokenizer.ggml.bos_token_id"].contents()))
+    w.add_eos_token_id(int(r.fields["tokenizer.ggml.eos_token_id"].contents()))
+    w.add_unk_token_id(int(r.fields["tokenizer.ggml.unknown_token_id"].contents()))
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    def mat(name, rows, cols):
+        w.add_tensor(name, rng.normal(0, 0.02, size=(rows, cols)).astype(vt))
+
+    def norm(name, n):
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    mat("token_embd.weight", n_vocab, a.dim)
+    for l in range(a.layers):
+        p = "blk.%d." % l
+        norm(p + "attn_norm.weight", a.dim)
+        mat(p + "attn_q.weight", a.heads * hd, a.dim)
+        mat(p + "attn_k.weight", kvh * hd, a.dim)
+        mat(p + "attn_v.weight", kvh * hd, a.dim)
+        mat(p + "attn_output.weight", a.dim, a.heads * hd)
+        norm(p + "ffn_norm.weight", a.dim)
+        mat(p + "ffn_gate.weight", a.ff, a.dim)
+        mat(p + "ffn_up.weight", a.ff, a.dim)
+        mat(p + "ffn_down.weight", a.dim, a.ff)
+    norm("output_norm.weight", a.dim)
+    if not a.tied:
+        mat("output.weight", n_vocab, a.dim)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+/*
+ * test_generate_cli.c — `ferry generate` as a user runs it, on models `ferry gen` writes: the
+ * output it promises (the generated ids, the --json keys, the --logits file's size), the same
+ * tokens and bit-identical logits whatever the placement (resident, home disk under a host
+ * budget, lazy, direct reads) and the thread count, and a clear error with the right exit status
+ * for every bad input. The numbers themselves are checked against numpy by generate_numpy.py.
+ */
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "cli_harness.h"
+
+#define VOCAB 300
+
+static char model[1200], unet[1200], st[1200];
+
+static char *logits_of(const char *args, size_t *len, char *tokens, size_t tlen)
+{
+    char path[1300];
+    snprintf(path, sizeof path, "%s/l.f32", tmp);
+    int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --logits '%s' %s", model, path, args);
+    if (rc != 0)
+        fprintf(stderr, "generate %s: exit %d: %s\n", args, rc, err_text);
+    CHECK_EQ_INT(rc, 0);
+    const char *t = strstr(out_text, "\"tokens\": [");
+    const char *e = t ? strchr(t, ']') : NULL;
+    CHECK(t && e);
+    tokens[0] = 0;
+    if (t && e && (size_t)(e - t) < tlen) {
+        memcpy(tokens, t, (size_t)(e - t));
+        tokens[e - t] = 0;
+    }
+    return slurp(path, len);
+}
+
+int main(void)
+{
+    tmp = check_tmpdir("generate_cli");
+    snprintf(model, sizeof model, "%s/m.gguf", tmp);
+    snprintf(unet, sizeof unet, "%s/u.gguf", tmp);
+    snprintf(st, sizeof st, "%s/m.safetensors", tmp);
+    CHECK_EQ_INT(run("gen -q -o '%s' --layers 3 --dim 128 --ff 256 --vocab %d --heads 4 "
+                     "--kv-heads 2 --dtype q8_0", model, VOCAB), 0);
+    CHECK_EQ_INT(run("gen -q -o '%s' --arch unet --dim 32 --layers 1", unet), 0);
+    CHECK_EQ_INT(run("gen -q -o '%s' --layers 1 --dim 64 --ff 128 --vocab 50", st), 0);
+
+    /* what it prints */
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,7,42 -n 4", model), 0);
+    CHECK(strstr(out_text, "generated:") != NULL);
+    CHECK(strstr(out_text, "tok/s") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,7,42 -n 4 --json", model), 0);
+    static const char *keys[] = {"\"tokens\"", "\"prompt_tokens\": [1, 7, 42]",
+                                 "\"n_vocab\": 300", "\"first_token_seconds\"",
+                                 "\"decode_tok_s\"", "\"bytes_read_per_token\"",
+                                 "\"peak_rss_bytes\"", "\"prefetch_hits\"",
+                                 "\"prefetch_misses\""};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (!strstr(out_text, keys[i]))
+            fprintf(stderr, "--json lacks %s:\n%s\n", keys[i], out_text);
+        CHECK(strstr(out_text, keys[i]) != NULL);
+    }
+    {
+        /* four ids in the array */
+        const char *t = strstr(out_text, "\"tokens\": [");
+        int commas = 0;
+        for (const char *p = t; p && *p && *p != ']'; p++)
+            commas += *p == ',';
+        CHECK_EQ_INT(commas, 3);
+    }
+
+    /* --logits: one row per prompt token and per generated token but the last; the same tokens
+     * and the same bits wherever the weights live and however many threads compute */
+    size_t n0 = 0;
+    char tok0[256], tok[256];
+    char *l0 = logits_of("--threads 1", &n0, tok0, sizeof tok0);
+    CHECK(l0 != NULL);
+    CHECK_EQ_INT((long long)n0, (long long)(3 + 5 - 1) * VOCAB * 4);
+    static const char *placements[] = {
+        "--threads 3",
+        "--home disk --budget host=400KiB",
+        "--home disk --load direct --threads 2",
+        "--lazy on",
+        "--load read",
+    };
+    for (size_t i = 0; i < sizeof placements / sizeof placements[0]; i++) {
+        size_t n = 0;
+        char *l = logits_of(placements[i], &n, tok, sizeof tok);
+        int same = l && n == n0 && memcmp(l, l0, n0) == 0 && strcmp(tok, tok0) == 0;
+        if (!same)
+            fprintf(stderr, "%s: logits or tokens differ (%s vs %s)\n", placements[i], tok,
+                    tok0);
+        CHECK(same);
+        free(l);
+    }
+    free(l0);
+    /* a host budget below the model: layers are read again on every token */
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,2 -n 3 --json --home disk --budget host=400KiB",
+                     model), 0);
+    CHECK(strstr(out_text, "\"bytes_read_per_token\": 0,") == NULL);
+
+    /* usage errors: exit 2 */
+    CHECK_EQ_INT(run("generate '%s'", model), 2);
+    CHECK(strstr(err_text, "--tokens or --prompt") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --prompt hi", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,x", model), 2);
+    CHECK(strstr(err_text, "not a list of token ids") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens ''", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 -n 0", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --threads 0", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,2,3 -n 4 --ctx 3", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --device sim:64MiB", model), 2);
+    CHECK(strstr(err_text, "cpu") != NULL);
+    CHECK_EQ_INT(run("generate --tokens 1"), 2);
+
+    /* failures: exit 1 with what and where */
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,300", model), 1);
+    CHECK(strstr(err_text, "300") && strstr(err_text, "vocabulary"));
+    CHECK_EQ_INT(run("generate '%s' --prompt hello", model), 1);
+    CHECK(strstr(err_text, "no tokenizer") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1", unet), 1);
+    CHECK(strstr(err_text, "not llama") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1", st), 1);
+    CHECK(strstr(err_text, "llama.block_count") != NULL);
+    CHECK_EQ_INT(run("generate '%s/missing.gguf' --tokens 1", tmp), 1);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --budget host=1KiB --home disk", model), 1);
+    CHECK(strstr(err_text, "budget") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --logits '%s/no/such/dir/l.f32'", model, tmp), 1);
+    return check_finish();
+}
