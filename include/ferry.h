@@ -182,6 +182,24 @@ FERRY_API int ferry_dtype_convert(ferry_dtype src, const void *in, ferry_dtype d
 FERRY_API int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
                            const float *x, float *y);
 
+/* The same product computed the way llama.cpp's CPU back end computes it, for engines that must
+ * match it (and for its speed on quantized weights): the vector is first prepared for weights of
+ * type T with ferry_matvec_vec_quantize — quantized to q8_0 blocks for q4_0 and q8_0 weights, to
+ * q8_K blocks (f32 scale, 256 int8, 16 int16 sums) for q4_K and q6_K, rounded to f16 or bf16
+ * precision (kept as f32) for f16 and bf16 weights, copied for the others — and quantized
+ * weights then meet it in integer dot products (exact within a block). Prepare once, then call
+ * ferry_matvec_q on any number of row blocks. */
+/* Bytes of the prepared vector of COLS elements for weights of type T; 0 when T cannot be read as
+ * numbers or COLS is no whole number of its blocks. */
+FERRY_API uint64_t ferry_matvec_vec_bytes(ferry_dtype t, uint64_t cols);
+/* Prepares the COLS floats X for weights of type T into OUT (ferry_matvec_vec_bytes(t, cols)
+ * bytes, any alignment). FERRY_EDTYPE, FERRY_ESHAPE (a partial block) or FERRY_EINVAL. */
+FERRY_API int ferry_matvec_vec_quantize(ferry_dtype t, const float *x, uint64_t cols, void *out);
+/* y[r] = W[r] . XQ for ROWS rows of COLS elements of type T at W, XQ from
+ * ferry_matvec_vec_quantize(T, ..., COLS, ...). Errors as ferry_matvec. */
+FERRY_API int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
+                             const void *xq, float *y);
+
 /* ---------------------------------------------------------------------------------------------
  * Metadata values (GGUF key/values, safetensors __metadata__)
  * ------------------------------------------------------------------------------------------- */

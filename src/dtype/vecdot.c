@@ -1,0 +1,378 @@
+/*
+ * vecdot.c — matrix-vector products computed the way llama.cpp's CPU back end computes them
+ * (ferry_matvec_q in ferry.h): the vector is first rounded to the type the weight's dot product
+ * takes — q8_0 blocks for q4_0 / q8_0 weights, q8_K blocks for q4_K / q6_K, f16 or bf16 precision
+ * for f16 / bf16 weights — and quantized weights then meet it in integer dot products. Sums within
+ * a block are exact integers, so the portable and the AVX2 kernels differ only in the order of
+ * the float sums over blocks.
+ *
+ * The activation quantizers follow llama.cpp's x86 code: q8_0 with d = amax / 127 and
+ * q = round-half-even(x * (127 / amax)); q8_K (float d, 256 int8, 16 int16 block sums) with
+ * iscale = -127 / max (max: the signed element of largest magnitude), q = min(127,
+ * round-half-even(iscale * x)), d = 1 / iscale.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dtype/dtype.h"
+#include "dtype/dtype_kern.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define VD_X86 1
+#include <immintrin.h>
+#define VD_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+enum { Q8K_BYTES = 4 + 256 + 32 }; /* float d, int8 qs[256], int16 bsums[16] */
+
+static int has_vec_kernel(ferry_dtype t)
+{
+    switch (t) {
+    case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0:
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+uint64_t ferry_matvec_vec_bytes(ferry_dtype t, uint64_t cols)
+{
+    uint64_t be = ferry_dtype_block_elems(t);
+    if (!ferry__dtype_readable(t) || be == 0 || cols % be != 0 || cols > (UINT64_C(1) << 40))
+        return 0;
+    switch (t) {
+    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0: return cols / 32 * 34;
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K: return cols / 256 * Q8K_BYTES;
+    default: return cols * sizeof(float);
+    }
+}
+
+/* ---- the vector's quantizers ------------------------------------------------------------------ */
+
+static void quant_x_q8_0(const float *x, uint8_t *p, uint64_t nb)
+{
+    for (uint64_t b = 0; b < nb; b++, x += 32, p += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        uint16_t hd = ferry__f2h(d);
+        memcpy(p, &hd, 2);
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(x[j] * id);
+            p[2 + j] = (uint8_t)(int8_t)(v == v ? v : 0.0f);
+        }
+    }
+}
+
+static void quant_x_q8_k(const float *x, uint8_t *p, uint64_t nb)
+{
+    for (uint64_t b = 0; b < nb; b++, x += 256, p += Q8K_BYTES) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 256; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        int8_t *q = (int8_t *)(p + 4);
+        int16_t bs[16];
+        float d = 0.0f;
+        if (amax == 0.0f) {
+            memset(q, 0, 256);
+            memset(bs, 0, sizeof bs);
+        } else {
+            float iscale = -127.0f / max;
+            for (int j = 0; j < 256; j++) {
+                float v = nearbyintf(iscale * x[j]);
+                q[j] = (int8_t)(v > 127.0f ? 127 : v < -128.0f ? -128 : (int)v);
+            }
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int j = 0; j < 16; j++)
+                    s += q[16 * g + j];
+                bs[g] = (int16_t)s;
+            }
+            d = 1.0f / iscale;
+        }
+        memcpy(p, &d, 4);
+        memcpy(p + 4 + 256, bs, sizeof bs);
+    }
+}
+
+int ferry_matvec_vec_quantize(ferry_dtype t, const float *x, uint64_t cols, void *out)
+{
+    if (!x || !out)
+        return FERRY_EINVAL;
+    if (!ferry__dtype_readable(t))
+        return FERRY_EDTYPE;
+    if (ferry_matvec_vec_bytes(t, cols) == 0 && cols != 0)
+        return FERRY_ESHAPE;
+    float *f = out;
+    switch (t) {
+    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0: quant_x_q8_0(x, out, cols / 32); break;
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K: quant_x_q8_k(x, out, cols / 256); break;
+    case FERRY_DTYPE_F16:
+        for (uint64_t i = 0; i < cols; i++)
+            f[i] = ferry__h2f(ferry__f2h(x[i]));
+        break;
+    case FERRY_DTYPE_BF16:
+        for (uint64_t i = 0; i < cols; i++)
+            f[i] = ferry__bf2f(ferry__f2bf(x[i]));
+        break;
+    default: memmove(out, x, cols * sizeof *x); break;
+    }
+    return 0;
+}
+
+/* ---- portable kernels: one row of N elements against the prepared vector ------------------- */
+
+typedef float (*vec_kernel)(const uint8_t *w, const uint8_t *xq, uint64_t n);
+
+static float q8_0_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t b = 0; b < n / 32; b++, w += 34, xq += 34) {
+        const int8_t *a = (const int8_t *)(w + 2), *c = (const int8_t *)(xq + 2);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++)
+            sum += a[j] * c[j];
+        s += (float)sum * (ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)));
+    }
+    return s;
+}
+
+static float q4_0_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t b = 0; b < n / 32; b++, w += 18, xq += 34) {
+        const int8_t *c = (const int8_t *)(xq + 2);
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += ((w[2 + j] & 15) - 8) * c[j] + ((w[2 + j] >> 4) - 8) * c[j + 16];
+        s += (float)sum * (ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)));
+    }
+    return s;
+}
+
+static float q8k_d(const uint8_t *xq)
+{
+    float d;
+    memcpy(&d, xq, 4);
+    return d;
+}
+
+static int16_t q8k_bsum(const uint8_t *xq, int g)
+{
+    int16_t v;
+    memcpy(&v, xq + 4 + 256 + 2 * g, 2);
+    return v;
+}
+
+static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
+        const int8_t *q8 = (const int8_t *)(xq + 4);
+        const uint8_t *q4 = w + 16;
+        int32_t sumi = 0, summs = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            ferry__k4_scale_min(w + 4, j, &sc, &m);
+            summs += m * (q8k_bsum(xq, 2 * j) + q8k_bsum(xq, 2 * j + 1));
+            /* sub-block j: elements 32j.., the low nibbles of bytes 32(j/2).. for even j */
+            const uint8_t *qb = q4 + 32 * (j / 2);
+            int shift = (j & 1) * 4, sum = 0;
+            for (int l = 0; l < 32; l++)
+                sum += ((qb[l] >> shift) & 15) * q8[32 * j + l];
+            sumi += sc * sum;
+        }
+        float d = ferry__h2f(ferry__ld16(w)) * q8k_d(xq);
+        float dmin = ferry__h2f(ferry__ld16(w + 2)) * q8k_d(xq);
+        s += d * (float)sumi - dmin * (float)summs;
+    }
+    return s;
+}
+
+static float q6_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
+        const int8_t *q8 = (const int8_t *)(xq + 4), *sc = (const int8_t *)(w + 192);
+        int32_t sumi = 0;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            for (int g = 0; g < 4; g++) {
+                for (int half = 0; half < 2; half++) {
+                    int sum = 0;
+                    for (int l = 16 * half; l < 16 * half + 16; l++) {
+                        int lo = g & 1 ? ql[l + 32] : ql[l];
+                        lo = g & 2 ? lo >> 4 : lo & 15;
+                        int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+                        sum += q * q8[128 * h + 32 * g + l];
+                    }
+                    sumi += sc[8 * h + 2 * g + half] * sum;
+                }
+            }
+        }
+        s += ferry__h2f(ferry__ld16(w + 208)) * q8k_d(xq) * (float)sumi;
+    }
+    return s;
+}
+
+/* ---- AVX2 kernels -------------------------------------------------------------------------- */
+
+#ifdef VD_X86
+/* Eight int32 sums of the products of pairs of the signed bytes A and B, as floats. */
+VD_AVX2 static inline __m256 mul_sum_i8(__m256i a, __m256i b)
+{
+    __m256i ax = _mm256_sign_epi8(a, a), sb = _mm256_sign_epi8(b, a);
+    __m256i p = _mm256_maddubs_epi16(ax, sb);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+VD_AVX2 static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+VD_AVX2 static float q8_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 32; b++, w += 34, xq += 34) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq)));
+        __m256i a = _mm256_loadu_si256((const __m256i *)(w + 2));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(xq + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(a, c), acc);
+    }
+    return hsum(acc);
+}
+
+VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i e8 = _mm256_set1_epi8(8);
+    for (uint64_t b = 0; b < n / 32; b++, w += 18, xq += 34) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
+        __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+        a = _mm256_sub_epi8(a, e8);
+        __m256i c = _mm256_loadu_si256((const __m256i *)(xq + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(a, c), acc);
+    }
+    return hsum(acc);
+}
+
+VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
+        const uint8_t *q8 = xq + 4;
+        int32_t summs = 0;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            int sc1, m1, sc2, m2;
+            ferry__k4_scale_min(w + 4, 2 * c, &sc1, &m1);
+            ferry__k4_scale_min(w + 4, 2 * c + 1, &sc2, &m2);
+            summs += m1 * (q8k_bsum(xq, 4 * c) + q8k_bsum(xq, 4 * c + 1)) +
+                     m2 * (q8k_bsum(xq, 4 * c + 2) + q8k_bsum(xq, 4 * c + 3));
+            __m256i q = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i xl = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c));
+            __m256i xh = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32));
+            __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16((short)sc1));
+            __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16((short)sc2));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        float dx = q8k_d(xq);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * dx);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        mins += _cvtsh_ss(ferry__ld16(w + 2)) * dx * (float)summs;
+    }
+    return hsum(acc) - mins;
+}
+
+VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
+        const uint8_t *q8 = xq + 4;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+#define VQH(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, (sh)), m3), 4)
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), VQH(0));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), VQH(2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), VQH(4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), VQH(6));
+#undef VQH
+            for (int g = 0; g < 4; g++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * g));
+                /* (q - 32) . x = q . x - 32 . x, q in 0..63 as unsigned bytes */
+                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], x),
+                                             _mm256_maddubs_epi16(k32, x));
+                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]),
+                                             _mm_set1_epi16(sc[8 * h + 2 * g]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+#endif
+
+static vec_kernel pick(ferry_dtype t)
+{
+#ifdef VD_X86
+    if (ferry__dtype_use_avx2()) {
+        switch (t) {
+        case FERRY_DTYPE_Q8_0: return q8_0_avx2;
+        case FERRY_DTYPE_Q4_0: return q4_0_avx2;
+        case FERRY_DTYPE_Q4_K: return q4_k_avx2;
+        case FERRY_DTYPE_Q6_K: return q6_k_avx2;
+        default: break;
+        }
+    }
+#endif
+    switch (t) {
+    case FERRY_DTYPE_Q8_0: return q8_0_generic;
+    case FERRY_DTYPE_Q4_0: return q4_0_generic;
+    case FERRY_DTYPE_Q4_K: return q4_k_generic;
+    case FERRY_DTYPE_Q6_K: return q6_k_generic;
+    default: return NULL;
+    }
+}
+
+int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const void *xq,
+                   float *y)
+{
+    if (!w || !xq || !y)
+        return FERRY_EINVAL;
+    uint64_t row_bytes;
+    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    if (rc)
+        return rc;
+    if (!ferry__dtype_readable(t))
+        return FERRY_EDTYPE;
+    vec_kernel k = has_vec_kernel(t) ? pick(t) : NULL;
+    if (!k) /* f32, f16, bf16 and the rest: the f32 kernels on the rounded vector */
+        return ferry__matvec(t, w, rows, cols, row_bytes, xq, y);
+    const uint8_t *p = w;
+    for (uint64_t r = 0; r < rows; r++)
+        y[r] = k(p + r * row_bytes, xq, cols);
+    return 0;
+}
