@@ -3,8 +3,10 @@
  *
  * Weights are matrices of rows x cols in their stored type (GGUF's ne[1] x ne[0]: each row is one
  * output feature, contiguous); the shape comments below are (rows, cols). Activations are f32.
- * Every matrix-vector product is ferry_matvec over a block of rows per thread; in runtime LoRA
- * mode each adapter term scale * B.(A.x) is added to the product here.
+ * Every matrix-vector product is ferry_matvec_q over a block of rows per thread, its input
+ * prepared once the way llama.cpp's CPU back end takes it (q8_0 / q8_K blocks for quantized
+ * weights, f16 / bf16 precision for f16 / bf16 ones); in runtime LoRA mode each adapter term
+ * scale * B.(A.x) is added to the product here, in f32.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -54,6 +56,8 @@ struct llama {
     float *hb, *hb2;           /* (ff) gate and up */
     float *logits;             /* (vocab) */
     void *embd_row;            /* (embd_row_bytes) one row of token_embd as stored */
+    void *xq[3];               /* (vec_bytes) the inputs of a job's products, prepared */
+    uint64_t vec_bytes;
     float *lora_tmp;           /* (max_rank) A.x of a runtime adapter */
     uint32_t max_rank;
     /* the KV cache, positions 0..n_ctx of each layer */
@@ -171,7 +175,10 @@ uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads
     uint64_t act = (3ull * c->dim + 2ull * c->q_dim + 2ull * c->ff + c->vocab +
                     (uint64_t)c->n_head * n_ctx) * sizeof(float);
     uint64_t row = (uint64_t)c->dim * 8 + 256; /* one embedding row in any stored type */
-    return kv + act + row;
+    uint32_t widest = c->dim > c->ff ? c->dim : c->ff;
+    widest = widest > c->q_dim ? widest : c->q_dim;
+    uint64_t vec = 3ull * widest * sizeof(float); /* the prepared inputs of one job */
+    return kv + act + row + vec;
 }
 
 /* ---- the weights ---------------------------------------------------------------------------- */
@@ -294,6 +301,13 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     m->hb = alloc_floats(c->ff, &failed);
     m->hb2 = alloc_floats(c->ff, &failed);
     m->logits = alloc_floats(c->vocab, &failed);
+    uint32_t widest = c->dim > c->ff ? c->dim : c->ff;
+    widest = widest > c->q_dim ? widest : c->q_dim;
+    m->vec_bytes = (uint64_t)widest * sizeof(float); /* f32 is the largest prepared form */
+    for (int k = 0; k < 3; k++) {
+        m->xq[k] = malloc(m->vec_bytes);
+        failed |= !m->xq[k];
+    }
     m->embd_row = malloc(m->embd_row_bytes);
     failed |= !m->embd_row;
     m->key_cache = alloc_floats((uint64_t)c->n_layer * n_ctx * c->kv_dim, &failed);
@@ -330,6 +344,8 @@ void llama_destroy(llama *m)
     free(m->logits);
     free(m->embd_row);
     free(m->lora_tmp);
+    for (int k = 0; k < 3; k++)
+        free(m->xq[k]);
     free(m->key_cache);
     free(m->value_cache);
     free(m);
@@ -346,6 +362,7 @@ typedef struct matvec_op {
     const uint8_t *w;  /* rows x cols, row_bytes each */
     uint64_t rows, cols, row_bytes;
     const float *x;    /* (cols) */
+    const void *xq;    /* x prepared for W's type (ferry_matvec_vec_quantize) */
     float *y;          /* (rows) */
 } matvec_op;
 
@@ -362,7 +379,8 @@ static void matvec_work(void *arg, int ith, int nth)
         uint64_t r0 = o->rows * (uint64_t)ith / (uint64_t)nth;
         uint64_t r1 = o->rows * (uint64_t)(ith + 1) / (uint64_t)nth;
         if (r1 > r0) /* checked by matvec_add before the job started */
-            (void)ferry_matvec(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->x, o->y + r0);
+            (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->xq,
+                                 o->y + r0);
     }
 }
 
@@ -379,12 +397,15 @@ static int matvec_add(llama *m, matvec_job *j, ferry_tensor *w, const float *x, 
     o->cols = ti.row_elems;
     o->x = x;
     o->y = y;
-    float probe = 0;
     int rc = ferry_dtype_nbytes(o->t, o->cols, &o->row_bytes);
     if (!rc && !o->w)
         rc = FERRY_EUNSUPPORTED;
-    if (!rc) /* zero rows: only the type and the row length are checked */
-        rc = ferry_matvec(o->t, o->w, 0, o->cols, x, &probe);
+    /* the vector in the form W's dot product takes, as llama.cpp rounds it */
+    if (!rc && ferry_matvec_vec_bytes(o->t, o->cols) > m->vec_bytes)
+        rc = FERRY_ESHAPE;
+    if (!rc)
+        rc = ferry_matvec_vec_quantize(o->t, x, o->cols, m->xq[j->n]);
+    o->xq = m->xq[j->n];
     if (rc) {
         say(err, errlen, "%s: %s", ti.name,
             !o->w ? "no host data (split over devices?)"
@@ -392,7 +413,6 @@ static int matvec_add(llama *m, matvec_job *j, ferry_tensor *w, const float *x, 
                                        : ferry_strerror(rc));
         return rc;
     }
-    (void)m;
     j->n++;
     return 0;
 }
