@@ -51,7 +51,6 @@ struct llama {
     float *xb;                 /* (dim) normed input of a sub-layer */
     float *q;                  /* (q_dim) */
     float *att_out;            /* (q_dim) attention output, heads concatenated */
-    float *att;                /* (n_head, n_ctx) attention scores */
     float *proj;               /* (dim) output of wo / w_down before the residual */
     float *hb, *hb2;           /* (ff) gate and up */
     float *logits;             /* (vocab) */
@@ -60,9 +59,10 @@ struct llama {
     uint64_t vec_bytes;
     float *lora_tmp;           /* (max_rank) A.x of a runtime adapter */
     uint32_t max_rank;
-    /* the KV cache, positions 0..n_ctx of each layer */
-    float *key_cache;          /* (n_layer, n_ctx, kv_dim) */
-    float *value_cache;        /* (n_layer, n_ctx, kv_dim) */
+    float *k, *v;              /* (kv_dim) this position's key and value */
+    /* the KV cache, positions 0..n_ctx of each layer, in f16 as llama.cpp keeps it */
+    uint16_t *key_cache;       /* (n_layer, n_ctx, kv_dim) */
+    uint16_t *value_cache;     /* (n_layer, n_ctx, kv_dim) */
 };
 
 static void say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -171,9 +171,9 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
 uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads)
 {
     (void)n_threads; /* the kernels use only their stack */
-    uint64_t kv = 2ull * c->n_layer * n_ctx * c->kv_dim * sizeof(float);
-    uint64_t act = (3ull * c->dim + 2ull * c->q_dim + 2ull * c->ff + c->vocab +
-                    (uint64_t)c->n_head * n_ctx) * sizeof(float);
+    uint64_t kv = 2ull * c->n_layer * n_ctx * c->kv_dim * sizeof(uint16_t);
+    uint64_t act = (3ull * c->dim + 2ull * c->q_dim + 2ull * c->kv_dim + 2ull * c->ff +
+                    c->vocab) * sizeof(float);
     uint64_t row = (uint64_t)c->dim * 8 + 256; /* one embedding row in any stored type */
     uint32_t widest = c->dim > c->ff ? c->dim : c->ff;
     widest = widest > c->q_dim ? widest : c->q_dim;
@@ -297,7 +297,6 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     m->proj = alloc_floats(c->dim, &failed);
     m->q = alloc_floats(c->q_dim, &failed);
     m->att_out = alloc_floats(c->q_dim, &failed);
-    m->att = alloc_floats((uint64_t)c->n_head * n_ctx, &failed);
     m->hb = alloc_floats(c->ff, &failed);
     m->hb2 = alloc_floats(c->ff, &failed);
     m->logits = alloc_floats(c->vocab, &failed);
@@ -310,8 +309,12 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     }
     m->embd_row = malloc(m->embd_row_bytes);
     failed |= !m->embd_row;
-    m->key_cache = alloc_floats((uint64_t)c->n_layer * n_ctx * c->kv_dim, &failed);
-    m->value_cache = alloc_floats((uint64_t)c->n_layer * n_ctx * c->kv_dim, &failed);
+    m->k = alloc_floats(c->kv_dim, &failed);
+    m->v = alloc_floats(c->kv_dim, &failed);
+    uint64_t cache = (uint64_t)c->n_layer * n_ctx * c->kv_dim;
+    m->key_cache = calloc(cache, sizeof *m->key_cache);
+    m->value_cache = calloc(cache, sizeof *m->value_cache);
+    failed |= !m->key_cache || !m->value_cache;
     if (failed) {
         say(err, errlen, "out of memory for a context of %u positions", n_ctx);
         llama_destroy(m);
@@ -338,7 +341,6 @@ void llama_destroy(llama *m)
     free(m->proj);
     free(m->q);
     free(m->att_out);
-    free(m->att);
     free(m->hb);
     free(m->hb2);
     free(m->logits);
@@ -346,6 +348,8 @@ void llama_destroy(llama *m)
     free(m->lora_tmp);
     for (int k = 0; k < 3; k++)
         free(m->xq[k]);
+    free(m->k);
+    free(m->v);
     free(m->key_cache);
     free(m->value_cache);
     free(m);
@@ -464,6 +468,65 @@ static int matvec(llama *m, ferry_tensor *w, const float *x, float *y, char *err
     return rc ? rc : matvec_run(m, &j, &w, err, errlen);
 }
 
+/* ---- half precision, for the KV cache and attention ------------------------------------------ */
+
+/* f32 -> f16 bits, round to nearest even; beyond the range gives Inf, NaN stays NaN. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u)
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+    if (a >= 0x47800000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) { /* a subnormal half: 0.5 + |f| puts the last place at 2^-24 */
+        float r = fabsf(f) + 0.5f;
+        uint32_t rb;
+        memcpy(&rb, &r, sizeof rb);
+        return (uint16_t)(sign | (rb - 0x3f000000u));
+    }
+    a += 0xfffu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu, u;
+    float f;
+    if (em >= 0x7c00u) {
+        u = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
+    } else if (em >= 0x400u) {
+        u = sign | ((em << 13) + ((127u - 15u) << 23));
+    } else {
+        f = (float)em * 0x1p-24f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+/* e^x as ggml's vector code computes it in llama.cpp's x86 builds (the polynomial of ARM's
+ * optimized-routines expf: x = n ln2 + b, e^b by a degree-5 polynomial, scaled by 2^n), each
+ * step one rounding (fmaf), so that silu rounds as llama.cpp's does; within 2 ulp of expf. */
+static float vexpf(float x)
+{
+    const float shift = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, shift), n = z - shift;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                        fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                   u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192.0f)
+        return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
 /* ---- the steps ---------------------------------------------------------------------------- */
 
 /* Reads row TOKEN of the lazy embedding into x. */
@@ -493,10 +556,11 @@ static int rmsnorm(llama *m, float *out, const float *x, ferry_tensor *weight, c
             ferry_dtype_name(ferry_tensor_dtype(weight)));
         return FERRY_EDTYPE;
     }
-    double ss = 0;
+    double ss = 0; /* squares in f32, summed in f64, as ggml */
     for (uint32_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    float scale = 1.0f / sqrtf((float)(ss / n) + m->c.eps);
+        ss += (double)(x[i] * x[i]);
+    float mean = (float)(ss / n);
+    float scale = 1.0f / sqrtf(mean + m->c.eps);
     for (uint32_t i = 0; i < n; i++)
         out[i] = x[i] * scale * w[i];
     return 0;
@@ -526,7 +590,9 @@ typedef struct attention_job {
 } attention_job;
 
 /* Heads [n_head * ith / nth, n_head * (ith + 1) / nth): softmax(q.K / sqrt(head_dim)) . V over
- * positions 0..pos, each query head reading the kv head its group shares. */
+ * positions 0..pos, each query head reading the kv head its group shares. As llama.cpp's CPU
+ * flash attention: q rounded to f16 (the cache is f16), one pass with a running maximum, and
+ * the weighted sum of V kept in f16, rounded after every step. */
 static void attention_work(void *arg, int ith, int nth)
 {
     attention_job *j = arg;
@@ -534,37 +600,39 @@ static void attention_work(void *arg, int ith, int nth)
     const llama_config *c = &m->c;
     uint32_t h0 = c->n_head * (uint32_t)ith / (uint32_t)nth;
     uint32_t h1 = c->n_head * (uint32_t)(ith + 1) / (uint32_t)nth;
-    uint32_t group = c->n_head / c->n_head_kv, n = j->pos + 1;
-    const float *kc = m->key_cache + (uint64_t)j->layer * m->n_ctx * c->kv_dim;
-    const float *vc = m->value_cache + (uint64_t)j->layer * m->n_ctx * c->kv_dim;
-    float scale = 1.0f / sqrtf((float)c->head_dim);
+    uint32_t group = c->n_head / c->n_head_kv, n = j->pos + 1, hd = c->head_dim;
+    const uint16_t *kc = m->key_cache + (uint64_t)j->layer * m->n_ctx * c->kv_dim;
+    const uint16_t *vc = m->value_cache + (uint64_t)j->layer * m->n_ctx * c->kv_dim;
+    float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t h = h0; h < h1; h++) {
-        const float *q = m->q + (uint64_t)h * c->head_dim;
-        float *att = m->att + (uint64_t)h * m->n_ctx;
-        uint64_t kv_off = (uint64_t)(h / group) * c->head_dim;
-        float max = -INFINITY;
+        const float *q = m->q + (uint64_t)h * hd; /* already rounded to f16 */
+        float *out = m->att_out + (uint64_t)h * hd;
+        uint64_t kv_off = (uint64_t)(h / group) * hd;
+        float sum = 0.0f, max = -INFINITY;
+        memset(out, 0, hd * sizeof *out);
         for (uint32_t t = 0; t < n; t++) {
-            const float *k = kc + (uint64_t)t * c->kv_dim + kv_off;
-            float s = 0;
-            for (uint32_t i = 0; i < c->head_dim; i++)
-                s += q[i] * k[i];
-            att[t] = s * scale;
-            max = att[t] > max ? att[t] : max;
+            const uint16_t *k = kc + (uint64_t)t * c->kv_dim + kv_off;
+            const uint16_t *v = vc + (uint64_t)t * c->kv_dim + kv_off;
+            float s = 0.0f;
+            for (uint32_t i = 0; i < hd; i++)
+                s += q[i] * f16_to_f32(k[i]);
+            s *= scale;
+            float ms = 1.0f, vs = 1.0f;
+            if (s > max) { /* a new maximum: what was summed shrinks by exp(old - new) */
+                ms = expf(max - s);
+                max = s;
+                for (uint32_t i = 0; i < hd; i++)
+                    out[i] = round_f16(out[i] * ms);
+            } else {
+                vs = expf(s - max);
+            }
+            for (uint32_t i = 0; i < hd; i++)
+                out[i] = round_f16(out[i] + f16_to_f32(v[i]) * vs);
+            sum = sum * ms + vs;
         }
-        double sum = 0;
-        for (uint32_t t = 0; t < n; t++) {
-            att[t] = expf(att[t] - max);
-            sum += att[t];
-        }
-        float inv = (float)(1.0 / sum);
-        float *out = m->att_out + (uint64_t)h * c->head_dim;
-        memset(out, 0, c->head_dim * sizeof *out);
-        for (uint32_t t = 0; t < n; t++) {
-            const float *v = vc + (uint64_t)t * c->kv_dim + kv_off;
-            float a = att[t] * inv;
-            for (uint32_t i = 0; i < c->head_dim; i++)
-                out[i] += a * v[i];
-        }
+        float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+        for (uint32_t i = 0; i < hd; i++)
+            out[i] *= inv;
     }
 }
 
@@ -576,9 +644,7 @@ static int attention_block(llama *m, uint32_t l, uint32_t pos, char *err, size_t
     int rc = rmsnorm(m, m->xb, m->x, w->attn_norm, err, errlen);
     if (rc)
         return rc;
-    /* this position's key and value go straight into the cache */
-    float *k = m->key_cache + ((uint64_t)l * m->n_ctx + pos) * c->kv_dim;
-    float *v = m->value_cache + ((uint64_t)l * m->n_ctx + pos) * c->kv_dim;
+    float *k = m->k, *v = m->v;
     matvec_job j = {.n = 0};
     ferry_tensor *ws[3] = {w->wq, w->wk, w->wv};
     if ((rc = matvec_add(m, &j, w->wq, m->xb, m->q, err, errlen)) ||
@@ -588,6 +654,15 @@ static int attention_block(llama *m, uint32_t l, uint32_t pos, char *err, size_t
         return rc;
     rope(c, m->q, c->n_head, pos);
     rope(c, k, c->n_head_kv, pos);
+    /* the cache keeps f16, and q meets it in f16 */
+    uint16_t *kc = m->key_cache + ((uint64_t)l * m->n_ctx + pos) * c->kv_dim;
+    uint16_t *vc = m->value_cache + ((uint64_t)l * m->n_ctx + pos) * c->kv_dim;
+    for (uint32_t i = 0; i < c->kv_dim; i++) {
+        kc[i] = f32_to_f16(k[i]);
+        vc[i] = f32_to_f16(v[i]);
+    }
+    for (uint32_t i = 0; i < c->q_dim; i++)
+        m->q[i] = round_f16(m->q[i]);
     attention_job aj = {m, l, pos};
     pool_run(m->pool, attention_work, &aj);
     rc = matvec(m, w->wo, m->att_out, m->proj, err, errlen);
@@ -614,7 +689,7 @@ static int ffn_block(llama *m, uint32_t l, char *err, size_t errlen)
         return rc;
     for (uint32_t i = 0; i < c->ff; i++) {
         float g = m->hb[i];
-        m->hb[i] = g / (1.0f + expf(-g)) * m->hb2[i];
+        m->hb[i] = g / (1.0f + vexpf(-g)) * m->hb2[i];
     }
     rc = matvec(m, w->w_down, m->hb, m->proj, err, errlen);
     if (rc)

@@ -7,11 +7,12 @@ bf16, q8_0, q4_0, q4_K with q6_K, dense and grouped-query attention, tied and se
 heads), runs `ferry generate --logits` on them under several placements (resident, home disk under
 a host budget, everything lazy, direct reads, LoRA merged and at runtime), and for every evaluated
 position compares ferry's logits with numpy's on the same token sequence:
-    ||ferry - numpy||_2 / ||numpy||_2 <= 1e-3 (5e-3 where vectors are quantized to q8_0 / q8_K:
-    one element rounded the other way at a .5 boundary, float32 against float64, moves these
-    small models' logits by about 1e-3; not quantizing at all moves them by 1e-2),
+    ||ferry - numpy||_2 / ||numpy||_2 <= 1e-3 (5e-3 where vectors are rounded coarsely, to bf16
+    or to q8_0 / q8_K: one element rounded the other way at a boundary, float32 against float64,
+    moves these small models' logits by about 1e-3; not rounding at all moves them by 1e-2),
 and checks that each generated token is numpy's argmax (or within the tolerance of it). The
-products round their vector as llama.cpp's CPU back end does (act() below).
+products round their vector as llama.cpp's CPU back end does (act() below), and attention keeps
+the KV cache in f16 as its flash attention does (Reference.attention).
 
     generate_numpy.py FERRY_CLI WORK_DIR
 Exit status 0 pass, 1 fail, 77 skipped (no numpy).
@@ -385,10 +386,34 @@ class Reference:
         x[:, i + 1] = x0 * s + x1 * c
         return x.reshape(-1)
 
+    def attention(self, q, K, V):
+        """softmax(q.K / sqrt(hd)) . V per head, as llama.cpp's CPU flash attention computes it:
+        K, V and q in f16, one pass over the positions with a running maximum, the weighted sum
+        of V kept in f16 (rounded after every step), float32 arithmetic."""
+        f16 = lambda a: np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float32)
+        group = self.n_head // self.n_kv
+        kv = np.arange(self.n_head) // group
+        q16 = f16(q)
+        K16, V16 = f16(K)[:, kv], f16(V)[:, kv]  # (positions, n_head, hd)
+        scale = np.float32(1 / np.sqrt(np.float32(self.hd)))
+        M = np.full(self.n_head, -np.inf, dtype=np.float32)
+        S = np.zeros(self.n_head, dtype=np.float32)
+        acc = np.zeros((self.n_head, self.hd), dtype=np.float32)
+        with np.errstate(over="ignore"):
+            for t in range(len(K)):
+                s = np.einsum("hd,hd->h", q16, K16[t]).astype(np.float32) * scale
+                new = s > M
+                ms = np.where(new, np.exp(M - s), np.float32(1)).astype(np.float32)
+                vs = np.where(new, np.float32(1), np.exp(s - M)).astype(np.float32)
+                M = np.maximum(M, s)
+                acc = np.where(new[:, None], f16(acc * ms[:, None]), acc)
+                acc = f16(acc + V16[t] * vs[:, None])
+                S = (S * ms + vs).astype(np.float32)
+        return (acc * (np.float32(1) / S)[:, None]).astype(np.float64)
+
     def forward(self, token, pos):
         w = self.w
         x = w["token_embd.weight"][token].copy()
-        group = self.n_head // self.n_kv
         for l in range(self.n_layer):
             p = "blk.%d." % l
             h = self.rmsnorm(x, w[p + "attn_norm.weight"])
@@ -396,12 +421,7 @@ class Reference:
             self.k[l].append(self.rope(self.mv(p + "attn_k.weight", h), pos).reshape(self.n_kv,
                                                                                     self.hd))
             self.v[l].append(self.mv(p + "attn_v.weight", h).reshape(self.n_kv, self.hd))
-            K, V = np.stack(self.k[l]), np.stack(self.v[l])  # (pos + 1, n_kv, hd)
-            att = np.zeros((self.n_head, self.hd))
-            for hh in range(self.n_head):
-                s = K[:, hh // group] @ q[hh] / np.sqrt(self.hd)
-                e = np.exp(s - s.max())
-                att[hh] = (e / e.sum()) @ V[:, hh // group]
+            att = self.attention(q, np.stack(self.k[l]), np.stack(self.v[l]))
             x = x + self.mv(p + "attn_output.weight", att.reshape(-1))
             h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
             gte, up = self.mv(p + "ffn_gate.weight", h), self.mv(p + "ffn_up.weight", h)
@@ -442,7 +462,7 @@ def check(cli, work, label, model, extra=(), adapters=(), prompt=(1, 17, 230, 5,
         return
     got = got.reshape(len(seq), nv)
     ref = Reference(model, adapters, staged)
-    q8 = any(t in (T_Q8_0, T_Q4_0, T_Q4_K, T_Q6_K) for t in ref.types.values())
+    q8 = any(t in (T_BF16, T_Q8_0, T_Q4_0, T_Q4_K, T_Q6_K) for t in ref.types.values())
     tol = TOL_Q8 if q8 else TOL
     worst, bad_tok = 0.0, []
     for i, t in enumerate(seq):
