@@ -510,6 +510,31 @@ static float f16_to_f32(uint16_t h)
 
 static float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
+/* q . k for f16 K, summed in the order of ggml's f16 dot product in llama.cpp's AVX-512 builds:
+ * four 16-lane fused multiply-add accumulators over steps of 64 elements, combined pairwise and
+ * across lanes as _mm512_reduce_add_ps does; the rest added in order. Attention is where a last
+ * bit decides later roundings (the f16 sum, then q8 vectors), so the order matters for matching. */
+static float dot_qk(const float *q, const uint16_t *k, uint32_t n)
+{
+    float lane[4][16] = {{0}};
+    uint32_t np = n & ~63u;
+    for (uint32_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++)
+                lane[j][l] = fmaf(f16_to_f32(k[i + 16 * j + l]), q[i + 16 * j + l], lane[j][l]);
+    float x[16], t[8];
+    for (int l = 0; l < 16; l++)
+        x[l] = (lane[0][l] + lane[2][l]) + (lane[1][l] + lane[3][l]);
+    for (int l = 0; l < 8; l++)
+        t[l] = x[l] + x[l + 8];
+    for (int l = 0; l < 4; l++)
+        t[l] = t[l] + t[l + 4];
+    double sum = (t[0] + t[2]) + (t[1] + t[3]);
+    for (uint32_t i = np; i < n; i++)
+        sum += (double)(f16_to_f32(k[i]) * q[i]);
+    return (float)sum;
+}
+
 /* e^x as ggml's vector code computes it in llama.cpp's x86 builds (the polynomial of ARM's
  * optimized-routines expf: x = n ln2 + b, e^b by a degree-5 polynomial, scaled by 2^n), each
  * step one rounding (fmaf), so that silu rounds as llama.cpp's does; within 2 ulp of expf. */
@@ -613,10 +638,7 @@ static void attention_work(void *arg, int ith, int nth)
         for (uint32_t t = 0; t < n; t++) {
             const uint16_t *k = kc + (uint64_t)t * c->kv_dim + kv_off;
             const uint16_t *v = vc + (uint64_t)t * c->kv_dim + kv_off;
-            float s = 0.0f;
-            for (uint32_t i = 0; i < hd; i++)
-                s += q[i] * f16_to_f32(k[i]);
-            s *= scale;
+            float s = dot_qk(q, k, hd) * scale;
             float ms = 1.0f, vs = 1.0f;
             if (s > max) { /* a new maximum: what was summed shrinks by exp(old - new) */
                 ms = expf(max - s);
