@@ -54,6 +54,11 @@ def gguf_kv(key, vtype, value):
         out += struct.pack("<f", value)
     elif vtype == V_STR:
         out += gguf_str(value)
+    elif vtype == V_ARR:  # value: (element type, items)
+        et, items = value
+        out += struct.pack("<IQ", et, len(items))
+        for it in items:
+            out += gguf_str(it) if et == V_STR else struct.pack({V_F32: "<f", V_I32: "<i"}[et], it)
     else:
         raise ValueError(vtype)
     return out
@@ -259,7 +264,7 @@ def encode(typ, x, rng):
 
 
 def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, vocab=512,
-               tied=False, rope_base=10000.0, eps=1e-5, seed=0):
+               tied=False, rope_base=10000.0, eps=1e-5, seed=0, extra_meta=()):
     rng = np.random.default_rng(seed)
     kv = dim // heads * kv_heads
     # Q4_K_M-like: attn_v, ffn_down and the output head in q6_K
@@ -291,7 +296,7 @@ def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, voca
             ("llama.attention.head_count_kv", V_U32, kv_heads),
             ("llama.rope.dimension_count", V_U32, dim // heads),
             ("llama.rope.freq_base", V_F32, rope_base),
-            ("llama.attention.layer_norm_rms_epsilon", V_F32, eps)]
+            ("llama.attention.layer_norm_rms_epsilon", V_F32, eps)] + list(extra_meta)
     write_gguf(path, meta, ts)
 
 
@@ -482,6 +487,41 @@ def check(cli, work, label, model, extra=(), adapters=(), prompt=(1, 17, 230, 5,
         FAILED.append(label)
 
 
+def check_tokenizer(cli, work):
+    """--prompt on a small SentencePiece vocabulary whose encoding of "hello world!" is worked out
+    by hand from the algorithm: the best-scoring pair merges first ("ll" -3, then "he" -3.5); the
+    queued "_h" no longer fits its symbols and is skipped; "llo", "_he", "_hello", "_w" follow;
+    the rest stay single characters, and "!" (no token) falls back to its byte <0x21>."""
+    sp = "\u2581"
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(toks)
+    for t, sc in [(sp, -1), ("h", -2), ("e", -2), ("l", -2), ("o", -2), ("w", -2), ("r", -2),
+                  ("d", -2), ("ll", -3), (sp + "h", -4), ("he", -3.5), ("llo", -5),
+                  (sp + "he", -6), (sp + "hello", -7), (sp + "w", -8)]:
+        toks.append(t)
+        types.append(1)
+        scores.append(sc)
+    ids = {t: i for i, t in enumerate(toks)}
+    want = [1, ids[sp + "hello"], ids[sp + "w"], ids["o"], ids["r"], ids["l"], ids["d"], 3 + 0x21]
+    path = os.path.join(work, "m_vocab.gguf")
+    make_model(path, T_F16, vocab=len(toks), extra_meta=[
+        ("tokenizer.ggml.model", V_STR, "llama"),
+        ("tokenizer.ggml.tokens", V_ARR, (V_STR, toks)),
+        ("tokenizer.ggml.scores", V_ARR, (V_F32, scores)),
+        ("tokenizer.ggml.token_type", V_ARR, (V_I32, types))])
+    p = subprocess.run([cli, "generate", path, "--prompt", "hello world!", "-n", "2", "--json"],
+                       capture_output=True, text=True)
+    got = json.loads(p.stdout)["prompt_tokens"] if p.returncode == 0 else p.stderr
+    ok = got == want
+    print("%s %-40s %s" % ("ok  " if ok else "FAIL", "--prompt SentencePiece encoding",
+                           got if not ok else "%d tokens" % len(want)))
+    if not ok:
+        FAILED.append("tokenizer")
+    else:
+        check(cli, work, "f16 with a vocabulary, --prompt ids", path, prompt=tuple(want), n=3)
+
+
 def main():
     cli, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -524,6 +564,7 @@ def main():
         check(cli, work, "f32 + LoRA merged, home disk", models["f32"],
               ["-a", adapter, "--home", "disk", "--budget", "host=%d" % (4 * layer)],
               adapters=[(adapter, 1.0)])
+    check_tokenizer(cli, work)
     if FAILED:
         print("generate_numpy: %d checks failed: %s" % (len(FAILED), ", ".join(FAILED)))
         return 1
