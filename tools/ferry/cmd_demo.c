@@ -10,11 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "gen_lora.h"
 #include "layers.h"
 #include "limits.h"
+#include "llama.h"
 #include "synth.h"
 
 static const char *HELP =
@@ -103,6 +105,7 @@ typedef struct demo_figures {
     uint64_t stream_read, stream_opt, budget, host_peak;
     double merge_s, switch_s;
     uint64_t switch_read;
+    double gen_tok_s, gen_bound;
 } demo_figures;
 
 static demo_figures fig;
@@ -290,6 +293,76 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
     return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
+/* The llama engine of `ferry generate` on the model, streamed from disk through the same host
+ * budget: decode speed beside its bound, the disk's direct read over what a token must read
+ * (M - B). */
+static int demo_generate(const char *path, uint64_t model)
+{
+    uint64_t budget = fig.budget ? fig.budget : model / 4;
+    ferry_options o = {0};
+    o.host_budget = budget;
+    ferry *f = ferry_create(&o);
+    if (!f)
+        return cli_error("out of memory");
+    ferry_policy embd = {.home = FERRY_HOME_DISK, .lazy = FERRY_LAZY_ON};
+    ferry_policy blocks = {.home = FERRY_HOME_DISK};
+    char err[512];
+    llama *m = NULL;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cpus > 0 ? (int)cpus : 1, rc = CLI_EXIT_OK;
+    enum { N_GEN = 8 };
+    if (ferry_open(f, path, NULL) || ferry_group_add(f, "embedding", "token_embd.weight", &embd) ||
+        ferry_group_add(f, "all", "*", &blocks)) {
+        rc = cli_fail(path, ferry_errmsg(f), -1);
+        goto out;
+    }
+    if (llama_create(f, N_GEN + 1, threads, &m, err, sizeof err)) {
+        rc = cli_fail(path, err, -1);
+        goto out;
+    }
+    printf("\ngenerate  the llama engine of `ferry generate`: home disk, host budget %s, %d "
+           "threads\n", cli_size(budget, (char[32]){0}), threads);
+    limits_drop_cache(path);
+    uint32_t tok = 1;
+    double t_dec = 0;
+    uint64_t read0 = 0;
+    printf("  tokens  ");
+    for (uint32_t pos = 0; pos < N_GEN; pos++) {
+        const float *logits;
+        if (pos == 1) {
+            ferry_stats st;
+            ferry_get_stats(f, &st);
+            read0 = st.bytes_read;
+            t_dec = cli_now();
+        }
+        if (llama_forward(m, tok, pos, &logits, err, sizeof err)) {
+            rc = cli_fail(path, err, -1);
+            goto out;
+        }
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < llama_get_config(m)->vocab; i++)
+            best = logits[i] > logits[best] ? i : best;
+        tok = best;
+        printf(" %u", tok);
+        fflush(stdout);
+    }
+    t_dec = cli_now() - t_dec;
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    uint64_t per_token = (st.bytes_read - read0) / (N_GEN - 1);
+    fig.gen_tok_s = t_dec > 0 ? (N_GEN - 1) / t_dec : 0;
+    fig.gen_bound = model > budget ? fig.direct * 1e9 / (double)(model - budget) : 0;
+    printf("\n  decode  %.2f tok/s, read %s per token (M - B = %s); bound direct read / (M - B) "
+           "= %.2f tok/s, ratio %.2f\n",
+           fig.gen_tok_s, cli_size(per_token, (char[32]){0}),
+           cli_size(model - budget, (char[32]){0}), fig.gen_bound,
+           fig.gen_bound > 0 ? fig.gen_tok_s / fig.gen_bound : 0.0);
+out:
+    llama_destroy(m);
+    ferry_destroy(f);
+    return rc;
+}
+
 static int demo_lora(const char *path, const char *folder, int quiet)
 {
     char adapter[4300];
@@ -365,6 +438,8 @@ static void demo_summary(const char *path)
            cli_size(fig.stream_read, b1), cli_size(fig.stream_opt, b2),
            cli_size(fig.host_peak, (char[32]){0}));
     printf("  switching an adapter re-read %s of the base\n", cli_size(fig.switch_read, b1));
+    printf("  generate decoded %.2f tok/s under the quarter budget, %.2f of its bound\n",
+           fig.gen_tok_s, fig.gen_bound > 0 ? fig.gen_tok_s / fig.gen_bound : 0.0);
     printf("\nnext\n");
     printf("  ferry bench %s                 every target, with the machine's limits\n", path);
     printf("  ferry run %s --device sim:64MiB@8GB/s --budget device=32MiB --verify\n", path);
@@ -479,6 +554,8 @@ int cmd_demo(int argc, char **argv)
     rc = demo_load(path, model);
     if (!rc)
         rc = demo_stream(path, model, quiet);
+    if (!rc)
+        rc = demo_generate(path, model);
     if (!rc)
         rc = demo_lora(path, folder, quiet);
     if (!rc)
