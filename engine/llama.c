@@ -58,6 +58,8 @@ struct llama {
     void *xq[3];               /* (vec_bytes) the inputs of a job's products, prepared */
     uint64_t vec_bytes;
     float *lora_tmp;           /* (max_rank) A.x of a runtime adapter */
+    float *xs;                 /* (batch_cap, dim) the residual streams of a batch */
+    uint32_t batch_cap;
     uint32_t max_rank;
     float *k, *v;              /* (kv_dim) this position's key and value */
     /* the KV cache, positions 0..n_ctx of each layer, in f16 as llama.cpp keeps it */
@@ -346,6 +348,7 @@ void llama_destroy(llama *m)
     free(m->logits);
     free(m->embd_row);
     free(m->lora_tmp);
+    free(m->xs);
     for (int k = 0; k < 3; k++)
         free(m->xq[k]);
     free(m->k);
@@ -746,15 +749,29 @@ static int prepare(llama *m, ferry_tensor *const *ts, size_t n, char *err, size_
     return rc;
 }
 
-int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,
-                  size_t errlen)
+int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t pos0,
+                        float *logits, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
-    if (pos >= m->n_ctx) {
-        say(err, errlen, "position %u is past the context of %u", pos, m->n_ctx);
+    if (n == 0 || pos0 >= m->n_ctx || n > m->n_ctx - pos0) {
+        say(err, errlen, "positions %u..%u are outside the context of %u", pos0, pos0 + n,
+            m->n_ctx);
         return FERRY_EINVAL;
     }
-    int rc = embed(m, token, err, errlen);
+    if (n > m->batch_cap) {
+        float *xs = realloc(m->xs, (uint64_t)n * c->dim * sizeof *xs);
+        if (!xs) {
+            say(err, errlen, "out of memory for a batch of %u tokens", n);
+            return FERRY_ENOMEM;
+        }
+        m->xs = xs;
+        m->batch_cap = n;
+    }
+    int rc = 0;
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        rc = embed(m, tokens[t], err, errlen);
+        memcpy(m->xs + (uint64_t)t * c->dim, m->x, c->dim * sizeof *m->x);
+    }
     if (rc)
         return rc;
     ferry_tensor *cur[LAYER_TENSORS], *next[LAYER_TENSORS];
@@ -770,9 +787,15 @@ int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, 
         } else {
             ferry_prefetch(m->f, hd, 2);
         }
-        rc = attention_block(m, l, pos, err, errlen);
-        if (!rc)
-            rc = ffn_block(m, l, err, errlen);
+        /* each token of the batch in order: the same arithmetic as one call per token */
+        for (uint32_t t = 0; t < n && !rc; t++) {
+            float *xt = m->xs + (uint64_t)t * c->dim;
+            memcpy(m->x, xt, c->dim * sizeof *m->x);
+            rc = attention_block(m, l, pos0 + t, err, errlen);
+            if (!rc)
+                rc = ffn_block(m, l, err, errlen);
+            memcpy(xt, m->x, c->dim * sizeof *m->x);
+        }
         ferry_release(m->f, cur, LAYER_TENSORS);
         if (rc)
             return rc;
@@ -781,10 +804,21 @@ int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, 
         return rc;
     layer_list(m, 0, next);
     ferry_prefetch(m->f, next, LAYER_TENSORS);
-    rc = head(m, err, errlen);
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
+        rc = head(m, err, errlen);
+        if (!rc && logits != m->logits)
+            memcpy(logits + (uint64_t)t * c->vocab, m->logits, c->vocab * sizeof *logits);
+    }
     ferry_release(m->f, hd, 2);
-    if (rc)
-        return rc;
-    *logits = m->logits;
-    return 0;
+    return rc;
+}
+
+int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,
+                  size_t errlen)
+{
+    int rc = llama_forward_batch(m, &token, 1, pos, m->logits, err, errlen);
+    if (!rc)
+        *logits = m->logits;
+    return rc;
 }

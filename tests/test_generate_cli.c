@@ -2,7 +2,7 @@
  * test_generate_cli.c — `ferry generate` as a user runs it, on models `ferry gen` writes: the
  * output it promises (the generated ids, the --json keys, the --logits file's size), the same
  * tokens and bit-identical logits whatever the placement (resident, home disk under a host
- * budget, lazy, direct reads) and the thread count, and a clear error with the right exit status
+ * budget, lazy, direct reads), the thread count and the prompt batch, and a clear error with the right exit status
  * for every bad input. The numbers themselves are checked against numpy by generate_numpy.py.
  */
 #include <string.h>
@@ -78,6 +78,8 @@ int main(void)
     CHECK_EQ_INT((long long)n0, (long long)(3 + 5 - 1) * VOCAB * 4);
     static const char *placements[] = {
         "--threads 3",
+        "--batch 1", /* the prompt one token at a time: each position computed as alone */
+        "--batch 2 --threads 2",
         "--home disk --budget host=400KiB",
         "--home disk --load direct --threads 2",
         "--lazy on",
@@ -108,6 +110,7 @@ int main(void)
     CHECK_EQ_INT(run("generate '%s' --tokens ''", model), 2);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 -n 0", model), 2);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --threads 0", model), 2);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --batch 0", model), 2);
     CHECK_EQ_INT(run("generate '%s' --tokens 1,2,3 -n 4 --ctx 3", model), 2);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --device sim:64MiB", model), 2);
     CHECK(strstr(err_text, "cpu") != NULL);

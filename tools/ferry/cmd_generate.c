@@ -1,6 +1,7 @@
 /*
  * cmd_generate.c — `ferry generate`: greedy decoding with the llama engine (engine/llama.c) on the
- * weights ferry places: evaluates the prompt one token at a time, then generates N tokens, and
+ * weights ferry places: evaluates the prompt (each position computed as alone, --batch of them per
+ * pass over the layers, so a prompt reads the model once), then generates N tokens, and
  * reports them with their text, the time to the first token, decode speed, bytes read per token
  * and peak memory. --logits writes every evaluated position's logits (raw little-endian f32).
  */
@@ -88,6 +89,8 @@ int cmd_generate(int argc, char **argv)
         "  -n N                   tokens to generate (default 16)\n"
         "  --threads T            compute threads (default: the online CPUs)\n"
         "  --ctx N                context positions (default: prompt + N)\n"
+        "  --batch B              prompt tokens per pass over the layers (default 32): each\n"
+        "                         position computed exactly as alone, the model read once per B\n"
         "  --logits FILE          every evaluated position's logits, raw little-endian f32,\n"
         "                         n_vocab per row: one row per prompt token, then one per\n"
         "                         generated token but the last\n"
@@ -96,7 +99,7 @@ int cmd_generate(int argc, char **argv)
     runopts r;
     memset(&r, 0, sizeof r);
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
-               *logits_path = NULL;
+               *logits_path = NULL, *batch_s = NULL;
     int json = 0;
     cli_opt opts[24];
     size_t no = 0;
@@ -106,6 +109,7 @@ int cmd_generate(int argc, char **argv)
     opts[no++] = (cli_opt){"n", 'n', CLI_OPT_STRING, &n_s};
     opts[no++] = (cli_opt){"threads", 't', CLI_OPT_STRING, &threads_s};
     opts[no++] = (cli_opt){"ctx", 0, CLI_OPT_STRING, &ctx_s};
+    opts[no++] = (cli_opt){"batch", 0, CLI_OPT_STRING, &batch_s};
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
     if (runopts_collect_adapters("generate", &r, &argc, argv))
@@ -122,12 +126,14 @@ int cmd_generate(int argc, char **argv)
         return cli_usage_error("generate", "no model file given");
     if (!tokens_s == !prompt)
         return cli_usage_error("generate", "give the prompt with one of --tokens or --prompt");
-    uint64_t n_gen = 16, threads = 0, n_ctx = 0;
+    uint64_t n_gen = 16, threads = 0, n_ctx = 0, batch = 32;
     if (n_s && cli_arg_u64("generate", "n", n_s, 1, 1u << 20, &n_gen))
         return CLI_EXIT_USAGE;
     if (threads_s && cli_arg_u64("generate", "threads", threads_s, 1, 1024, &threads))
         return CLI_EXIT_USAGE;
     if (ctx_s && cli_arg_u64("generate", "ctx", ctx_s, 1, 1u << 20, &n_ctx))
+        return CLI_EXIT_USAGE;
+    if (batch_s && cli_arg_u64("generate", "batch", batch_s, 1, 4096, &batch))
         return CLI_EXIT_USAGE;
     if (!threads) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -163,6 +169,7 @@ int cmd_generate(int argc, char **argv)
     llama *m = NULL;
     FILE *lf = NULL;
     uint32_t *gen = NULL;
+    float *rows = NULL;
     tokenizer *tok = tokenizer_create(ferry_catalog_of(f), err, sizeof err);
     if (prompt) {
         if (!tok) {
@@ -211,13 +218,20 @@ int cmd_generate(int argc, char **argv)
     uint64_t n_dec = 0, dec_bytes = 0, all_bytes = 0;
     size_t n_out = 0;
     uint32_t next = 0;
-    for (uint64_t i = 0; i < (uint64_t)np + n_gen - 1; i++) {
-        uint32_t t = i < (uint64_t)np ? prompt_ids[i] : next;
+    rows = malloc(batch * c->vocab * sizeof *rows);
+    if (!rows) {
+        rc = cli_error("out of memory for %llu rows of logits", (unsigned long long)batch);
+        goto out;
+    }
+    /* the prompt, BATCH tokens per pass over the layers; then one token at a time */
+    for (uint64_t i = 0; i < (uint64_t)np + n_gen - 1;) {
+        uint32_t k = i < (uint64_t)np ? (uint32_t)(np - i < batch ? np - i : batch) : 1;
+        uint32_t one = i < (uint64_t)np ? 0 : next;
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
         double t0 = cli_now();
-        const float *logits;
-        if (llama_forward(m, t, (uint32_t)i, &logits, err, sizeof err)) {
+        if (llama_forward_batch(m, i < (uint64_t)np ? prompt_ids + i : &one, k, (uint32_t)i, rows,
+                                err, sizeof err)) {
             rc = cli_fail(argv[1], err, -1);
             goto out;
         }
@@ -229,12 +243,13 @@ int cmd_generate(int argc, char **argv)
             dec_bytes += s1.bytes_read - s0.bytes_read;
             n_dec++;
         }
-        if (lf && fwrite(logits, sizeof *logits, c->vocab, lf) != c->vocab) {
+        if (lf && fwrite(rows, sizeof *rows, (size_t)k * c->vocab, lf) != (size_t)k * c->vocab) {
             rc = cli_error("%s: write error", logits_path);
             goto out;
         }
-        if (i + 1 >= (uint64_t)np) {
-            next = argmax(logits, c->vocab);
+        i += k;
+        if (i >= (uint64_t)np) {
+            next = argmax(rows + (uint64_t)(k - 1) * c->vocab, c->vocab);
             gen[n_out++] = next;
             if (n_out == 1)
                 t_first = cli_now() - t_start;
@@ -328,6 +343,7 @@ out:
     if (lf)
         fclose(lf);
     free(gen);
+    free(rows);
     llama_destroy(m);
     tokenizer_destroy(tok);
     ferry_destroy(f);
