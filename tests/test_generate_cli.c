@@ -129,5 +129,10 @@ int main(void)
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --budget host=1KiB --home disk", model), 1);
     CHECK(strstr(err_text, "budget") != NULL);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --logits '%s/no/such/dir/l.f32'", model, tmp), 1);
+    /* the KV cache is reserved against the host budget: 100,000 positions (76.8 MB) do not fit */
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --ctx 100000 --budget host=400KiB", model), 1);
+    CHECK(strstr(err_text, "budget") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --ctx 100000 --json", model), 0);
+    CHECK(strstr(out_text, "\"engine_bytes\": 7") != NULL); /* 76.8 MB and a little */
     return check_finish();
 }

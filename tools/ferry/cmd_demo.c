@@ -306,7 +306,7 @@ static int demo_generate(const char *path, uint64_t model)
         return cli_error("out of memory");
     ferry_policy embd = {.home = FERRY_HOME_DISK, .lazy = FERRY_LAZY_ON};
     ferry_policy blocks = {.home = FERRY_HOME_DISK};
-    char err[512];
+    char err[512] = "";
     llama *m = NULL;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = cpus > 0 ? (int)cpus : 1, rc = CLI_EXIT_OK;
@@ -314,6 +314,12 @@ static int demo_generate(const char *path, uint64_t model)
     if (ferry_open(f, path, NULL) || ferry_group_add(f, "embedding", "token_embd.weight", &embd) ||
         ferry_group_add(f, "all", "*", &blocks)) {
         rc = cli_fail(path, ferry_errmsg(f), -1);
+        goto out;
+    }
+    llama_config cfg;
+    if (llama_read_config(f, &cfg, err, sizeof err) ||
+        ferry_reserve(f, 0, llama_memory_bytes(&cfg, N_GEN + 1, threads))) {
+        rc = cli_fail(path, err[0] ? err : ferry_errmsg(f), -1);
         goto out;
     }
     if (llama_create(f, N_GEN + 1, threads, &m, err, sizeof err)) {

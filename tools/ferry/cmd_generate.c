@@ -64,13 +64,8 @@ static uint32_t argmax(const float *v, uint32_t n)
 static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx, int threads)
 {
     uint64_t bytes = llama_memory_bytes(c, n_ctx, threads);
-#ifdef FERRY_HAVE_RESERVE
     if (ferry_reserve(f, 0, bytes))
         return cli_error("%s", ferry_errmsg(f));
-#else
-    (void)f;
-    (void)bytes;
-#endif
     return 0;
 }
 
@@ -189,6 +184,16 @@ int cmd_generate(int argc, char **argv)
                              (unsigned long long)n_ctx);
         goto out;
     }
+    /* the engine's own memory is counted against the host budget before it is allocated */
+    llama_config cfg;
+    if (llama_read_config(f, &cfg, err, sizeof err)) {
+        rc = cli_fail(argv[1], err, -1);
+        goto out;
+    }
+    if (reserve_engine_memory(f, &cfg, (uint32_t)n_ctx, (int)threads)) {
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
     if (llama_create(f, (uint32_t)n_ctx, (int)threads, &m, err, sizeof err)) {
         rc = cli_fail(argv[1], err, -1);
         goto out;
@@ -196,10 +201,6 @@ int cmd_generate(int argc, char **argv)
     if (r.lora_mode && strcmp(r.lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
     const llama_config *c = llama_get_config(m);
-    if (reserve_engine_memory(f, c, (uint32_t)n_ctx, (int)threads)) {
-        rc = CLI_EXIT_FAIL;
-        goto out;
-    }
     for (long i = 0; i < np; i++)
         if (prompt_ids[i] >= c->vocab) {
             rc = cli_error("token %u is outside the vocabulary of %u", prompt_ids[i], c->vocab);
