@@ -852,6 +852,13 @@ typedef struct ferry_plan_totals {
  * gives one entry per part, named "NAME[ROW0:ROW1]"; ignored tensors none), allocated with malloc:
  * free(*out) when done (strings belong to the manager); *N their number. */
 FERRY_API int ferry_plan(ferry *f, ferry_placement **out, size_t *n, ferry_plan_totals *totals);
+/* Checks the plan against the budgets as a load that prepares every tensor meets them: on each
+ * device with a budget, the bytes kept there (home copies, never evicted) plus the largest single
+ * copy staged beside them must fit, as the load's own reservation requires. Returns 0, or
+ * FERRY_EBUDGET with ferry_errmsg naming the device, its budget, the bytes needed and the
+ * shortfall; other codes as ferry_plan. Passing does not promise that every set an engine
+ * prepares at once fits: the check knows single copies, not the engine's sets. */
+FERRY_API int ferry_plan_check(ferry *f);
 
 typedef struct ferry_stats {
     uint64_t resident_bytes[FERRY_MAX_DEVICES]; /* bytes ferry holds on each device (0: host) */

@@ -412,6 +412,11 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
 void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
 /* Evicts cached copies until DEV is within its budget (after a budget change). */
 void ferry__shrink(ferry *f, int dev);
+/* The budget test of a load against device DEV, lock held: KEPT bytes that are never evicted
+ * (home copies) and the largest single copy staged beside them, STAGED bytes (tensor NAME, may be
+ * NULL), must fit its budget, since reserve can evict only cached copies. 0, or FERRY_EBUDGET with
+ * the device, the budget, both sizes and the shortfall in the message. */
+int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name);
 
 /* manager.c */
 /* Checks T's expectation, writing the problems into f->err; 0 when it fits (f->err untouched). */

@@ -22,6 +22,7 @@
  * block or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh
  * page once the budget's worth has been touched.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -360,15 +361,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
     else if (use_pool && pool_take(f, dev, size, out))
         return 0;
-    if (D->budget && size > D->budget) {
-        /* never fits: fail before evicting anything */
-        char b1[32], b2[32];
-        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s do not fit in a budget of %s%s",
-                           D->d->name, ferry__fmt_size(size, b1), ferry__fmt_size(D->budget, b2),
-                           D->default_budget ? " (the default: what the host's RAM and memory "
-                                               "cgroup can give, less a margin)"
-                                             : "");
-    }
+    if (D->budget && size > D->budget)
+        return ferry__budget_check(f, dev, 0, size, NULL); /* never fits: evict nothing */
     for (;;) {
         uint64_t room = !D->budget ? UINT64_MAX
                         : D->used <= D->budget ? D->budget - D->used
@@ -406,6 +400,30 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         D->peak = D->used;
     out->size = size;
     return 0;
+}
+
+int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name)
+{
+    ferry__dev *D = &f->devs[dev];
+    if (!D->budget || (kept <= D->budget && staged <= D->budget - kept))
+        return 0;
+    uint64_t need = kept + staged < kept ? UINT64_MAX : kept + staged;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], who[160] = "";
+    if (name)
+        snprintf(who, sizeof who, " (tensor '%.120s')", name);
+    if (!kept)
+        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s%s do not fit in a budget of %s (%s short)",
+                           D->d->name, ferry__fmt_size(staged, b1), who,
+                           ferry__fmt_size(D->budget, b2), ferry__fmt_size(need - D->budget, b3));
+    if (!staged)
+        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s: %s kept (home copies, never "
+                           "evicted), %s short", D->d->name, ferry__fmt_size(D->budget, b1),
+                           ferry__fmt_size(kept, b2), ferry__fmt_size(need - D->budget, b3));
+    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s: %s kept (home copies, never "
+                       "evicted) + %s staged beside them%s = %s, %s short", D->d->name,
+                       ferry__fmt_size(D->budget, b1), ferry__fmt_size(kept, b2),
+                       ferry__fmt_size(staged, b3), who, ferry__fmt_size(need, b4),
+                       ferry__fmt_size(need - D->budget, b5));
 }
 
 void ferry__shrink(ferry *f, int dev)

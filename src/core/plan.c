@@ -69,27 +69,25 @@ static ferry_placement place(ferry *f, ferry_tensor *t, ferry_plan_totals *tot)
     return p;
 }
 
-int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals *totals)
+/* The largest single staged copy on each device, and the tensor it belongs to. */
+typedef struct plan_peaks {
+    uint64_t staged[FERRY_MAX_DEVICES];
+    const char *name[FERRY_MAX_DEVICES];
+} plan_peaks;
+
+/* The plan, lock held: placements into PL (may be NULL), totals and peaks. */
+static int plan_locked(ferry *f, ferry_placement *pl, size_t *n_out, ferry_plan_totals *tot,
+                       plan_peaks *pk)
 {
-    if (!f)
-        return FERRY_EINVAL;
-    pthread_mutex_lock(&f->lock);
-    ferry_placement *pl = NULL;
     /* Bind first: binding may split tensors into parts, which the loop below then lists. */
-    int rc = 0;
-    for (size_t i = 0; i < f->n_tensors && !rc; i++)
-        if (!f->tensors[i]->removed)
-            rc = ferry__bind(f, f->tensors[i]);
-    if (rc) {
-        pthread_mutex_unlock(&f->lock);
-        return rc;
-    }
-    if (out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl))) {
-        pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
-    }
-    ferry_plan_totals tot;
-    memset(&tot, 0, sizeof tot);
+    for (size_t i = 0; i < f->n_tensors; i++)
+        if (!f->tensors[i]->removed) {
+            int rc = ferry__bind(f, f->tensors[i]);
+            if (rc)
+                return rc;
+        }
+    memset(tot, 0, sizeof *tot);
+    memset(pk, 0, sizeof *pk);
     size_t n = 0;
     /* File order; a split tensor's parts in its place. */
     for (size_t i = 0; i < f->n_tensors; i++) {
@@ -97,12 +95,36 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
         if (t->removed || t->ignored)
             continue;
         for (int k = 0; k < (t->n_parts ? t->n_parts : 1); k++) {
-            ferry_placement p = place(f, t->n_parts ? t->parts[k] : t, &tot);
+            ferry_tensor *u = t->n_parts ? t->parts[k] : t;
+            ferry_placement p = place(f, u, tot);
+            int dev = f->devs[u->compute_dev].d->host_accessible ? FERRY__HOST : u->compute_dev;
+            if (dev < FERRY_MAX_DEVICES && p.compute_bytes > pk->staged[dev]) {
+                pk->staged[dev] = p.compute_bytes;
+                pk->name[dev] = p.name;
+            }
             if (pl)
                 pl[n] = p;
             n++;
         }
     }
+    *n_out = n;
+    return 0;
+}
+
+int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals *totals)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry_placement *pl = NULL;
+    if (out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl))) {
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    ferry_plan_totals tot;
+    plan_peaks pk;
+    size_t n = 0;
+    int rc = plan_locked(f, pl, &n, &tot, &pk);
     pthread_mutex_unlock(&f->lock);
     if (rc) {
         free(pl);
@@ -115,4 +137,21 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
     if (totals)
         *totals = tot;
     return 0;
+}
+
+int ferry_plan_check(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry_plan_totals tot;
+    plan_peaks pk;
+    size_t n = 0;
+    int rc = plan_locked(f, NULL, &n, &tot, &pk);
+    for (int d = 0; !rc && d < f->n_devs && d < FERRY_MAX_DEVICES; d++) {
+        uint64_t kept = d == FERRY__HOST ? tot.host_bytes : tot.device_bytes[d];
+        rc = ferry__budget_check(f, d, kept, pk.staged[d], pk.name[d]);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc;
 }

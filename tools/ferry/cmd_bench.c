@@ -138,6 +138,7 @@ typedef struct bench {
     split_dev split_devs[FERRY_MAX_SPLIT];
     int n_split;
     stream_res streams[4];
+    runopts groups;            /* --group: placements of the streamed passes */
     size_t n_streams;
 } bench;
 
@@ -569,7 +570,7 @@ static int run_stream(bench *b, uint64_t budget, const char *device, int split, 
     size_t nsets = 0;
     int rc = 0, dev = 0;
     if (split) {
-        if ((rc = runopts_split(b->split, f, &pol)))
+        if ((rc = runopts_split("bench", b->split, f, &pol)))
             goto out;
         for (int i = 0; i < b->n_split && !rc; i++)
             if (b->split_devs[i].id && b->split_devs[i].budget &&
@@ -588,6 +589,14 @@ static int run_stream(bench *b, uint64_t budget, const char *device, int split, 
     if (ferry_open(f, b->path, NULL)) {
         rc = cli_fail(b->path, ferry_errmsg(f), -1);
         goto out;
+    }
+    if (b->groups.n_groups) {
+        /* each group starts from this stream's policy */
+        runopts_free(&b->groups);
+        b->groups.policy = pol;
+        if ((rc = runopts_parse_groups("bench", &b->groups, &pol)) ||
+            (rc = runopts_add_groups(&b->groups, f)))
+            goto out;
     }
     if (ferry_group_add(f, "all", "*", &pol)) {
         rc = cli_error("%s", ferry_errmsg(f));
@@ -1028,7 +1037,7 @@ static int split_prepare(bench *b)
     ferry_placement *pl = NULL;
     size_t np = 0;
     uint64_t *lay = NULL;
-    int rc = runopts_split(b->split, f, &pol);
+    int rc = runopts_split("bench", b->split, f, &pol);
     if (!rc && pol.n_split < 2)
         rc = cli_usage_error("bench", "--split: two devices or more (SPEC,SPEC[:WEIGHT])");
     for (int i = 0; i < pol.n_split && !rc; i++) {
@@ -1102,6 +1111,7 @@ static void free_bench(bench *b)
     free(b->file_sizes);
     free(b->x);
     free(b->y);
+    runopts_free(&b->groups);
 }
 
 int cmd_bench(int argc, char **argv)
@@ -1131,7 +1141,9 @@ int cmd_bench(int argc, char **argv)
         "                         host, each device's budget 1/4 of its share M_i: bound =\n"
         "                         max over devices of (M_i - B_i + W_i) / BW_i\n"
         "  --json                 one JSON object on stdout\n"
-        "  -q, --quiet            no progress bar\n";
+        "  -q, --quiet            no progress bar\n"
+        "streamed passes only (the bounds still count every tensor as streamed):\n"
+        "%s";
     const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL;
     int json = 0, quick = 0, quiet = 0;
     cli_opt opts[] = {
@@ -1140,10 +1152,15 @@ int cmd_bench(int argc, char **argv)
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
         {"split", 0, CLI_OPT_STRING, &split},
     };
+    static bench b; /* large: the samples */
+    memset(&b, 0, sizeof b);
+    b.groups.cmd = "bench";
+    if (runopts_collect_groups("bench", &b.groups, &argc, argv))
+        return CLI_EXIT_USAGE;
     int npos = 0;
     int prc = cli_parse("bench", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
     if (prc == CLI_HELP) {
-        fputs(help, stdout);
+        printf(help, runopts_group_help);
         return CLI_EXIT_OK;
     }
     if (prc)
@@ -1152,8 +1169,12 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error("bench", "no model file given");
     if (npos > 1)
         return cli_usage_error("bench", "one model file at a time");
-    static bench b; /* large: the samples */
-    memset(&b, 0, sizeof b);
+    ferry_policy base;
+    memset(&base, 0, sizeof base);
+    prc = runopts_parse_groups("bench", &b.groups, &base); /* checked now, applied per stream */
+    runopts_free(&b.groups);
+    if (prc)
+        return prc;
     b.path = argv[1];
     b.json = json;
     b.quick = quick;
@@ -1165,6 +1186,8 @@ int cmd_bench(int argc, char **argv)
     b.runs = (size_t)runs;
     b.passes = (uint32_t)passes;
     if (device) {
+        if ((prc = runopts_check_device(device)))
+            return prc;
         if (spec_bandwidth(device, &b.device_bw))
             return cli_usage_error("bench", "--device: bad bandwidth in '%s'", device);
         if (b.device_bw <= 0)

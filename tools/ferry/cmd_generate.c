@@ -153,7 +153,7 @@ int cmd_generate(int argc, char **argv)
     }
 
     double t_start = cli_now();
-    r.groups_first = embedding_group;
+    r.own_groups = embedding_group;
     ferry *f;
     if (runopts_open(&r, argv + 1, npos, &f)) {
         free(prompt_ids);

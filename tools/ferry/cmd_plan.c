@@ -1,7 +1,7 @@
 /*
  * cmd_plan.c — `ferry plan`: the dry run as a table. Where each group lives and is computed, and
  * the bytes each device would hold, from the same decisions the real load makes, with no
- * allocation and no I/O.
+ * allocation and no I/O; exit 1 when the budgets cannot hold it (ferry_plan_check).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,28 +28,25 @@ int cmd_plan(int argc, char **argv)
     runopts r;
     memset(&r, 0, sizeof r);
     int json = 0, per_tensor = 0;
-    cli_opt opts[16];
-    size_t no = 0;
-    runopts_add(&r, opts, &no);
-    opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
-    opts[no++] = (cli_opt){"tensors", 0, CLI_OPT_FLAG, &per_tensor};
-    if (runopts_collect_adapters("plan", &r, &argc, argv))
-        return CLI_EXIT_USAGE;
+    const cli_opt opts[] = {
+        {"json", 0, CLI_OPT_FLAG, &json},
+        {"tensors", 0, CLI_OPT_FLAG, &per_tensor},
+    };
     int npos = 0;
-    int prc = cli_parse("plan", argc, argv, opts, no, &npos);
+    int prc = runopts_parse_args("plan", &r, &argc, argv, opts, 2, &npos);
     if (prc == CLI_HELP) {
         printf(help, runopts_help);
+        runopts_free(&r);
         return CLI_EXIT_OK;
     }
+    if (!prc && npos < 1)
+        prc = cli_usage_error("plan", "no model file given");
+    ferry *f = NULL;
+    if (!prc)
+        prc = runopts_open(&r, argv + 1, npos, &f);
+    runopts_free(&r);
     if (prc)
         return prc;
-    if (npos < 1)
-        return cli_usage_error("plan", "no model file given");
-    if (runopts_parse("plan", &r))
-        return CLI_EXIT_USAGE;
-    ferry *f;
-    if (runopts_open(&r, argv + 1, npos, &f))
-        return CLI_EXIT_FAIL;
     ferry_placement *pl = NULL;
     size_t n = 0;
     ferry_plan_totals tot;
@@ -152,7 +149,11 @@ int cmd_plan(int argc, char **argv)
             printf("device %d: kept %s, staged at once (all prepared) %s\n", d,
                    cli_size(tot.device_bytes[d], b1), cli_size(tot.staged_bytes[d], b2));
     }
+    /* the budget check the load itself makes: a plan that cannot load fails here */
+    int rc = CLI_EXIT_OK;
+    if (ferry_plan_check(f))
+        rc = cli_error("%s", ferry_errmsg(f));
     free(pl);
     ferry_destroy(f);
-    return CLI_EXIT_OK;
+    return rc;
 }

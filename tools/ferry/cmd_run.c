@@ -189,36 +189,30 @@ int cmd_run(int argc, char **argv)
     memset(&r, 0, sizeof r);
     const char *passes_s = NULL, *trace = NULL;
     int verify = 0, json = 0, cold = 0, quiet = 0;
-    cli_opt opts[24];
-    size_t no = 0;
-    runopts_add(&r, opts, &no);
-    opts[no++] = (cli_opt){"passes", 0, CLI_OPT_STRING, &passes_s};
-    opts[no++] = (cli_opt){"cold", 0, CLI_OPT_FLAG, &cold};
-    opts[no++] = (cli_opt){"verify", 0, CLI_OPT_FLAG, &verify};
-    opts[no++] = (cli_opt){"trace", 0, CLI_OPT_STRING, &trace};
-    opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
-    opts[no++] = (cli_opt){"quiet", 'q', CLI_OPT_FLAG, &quiet};
-    if (runopts_collect_adapters("run", &r, &argc, argv))
-        return CLI_EXIT_USAGE;
+    const cli_opt opts[] = {
+        {"passes", 0, CLI_OPT_STRING, &passes_s}, {"cold", 0, CLI_OPT_FLAG, &cold},
+        {"verify", 0, CLI_OPT_FLAG, &verify},     {"trace", 0, CLI_OPT_STRING, &trace},
+        {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
+    };
     int npos = 0;
-    int prc = cli_parse("run", argc, argv, opts, no, &npos);
+    int prc = runopts_parse_args("run", &r, &argc, argv, opts, sizeof opts / sizeof opts[0],
+                                 &npos);
     if (prc == CLI_HELP) {
         printf(help, runopts_help);
+        runopts_free(&r);
         return CLI_EXIT_OK;
     }
+    if (!prc && npos < 1)
+        prc = cli_usage_error("run", "no model file given");
+    uint64_t passes = 3;
+    if (!prc && passes_s && cli_arg_u64("run", "passes", passes_s, 1, 1000000, &passes))
+        prc = CLI_EXIT_USAGE;
+    ferry *f = NULL;
+    if (!prc)
+        prc = runopts_open(&r, argv + 1, npos, &f);
+    runopts_free(&r);
     if (prc)
         return prc;
-    if (npos < 1)
-        return cli_usage_error("run", "no model file given");
-    uint64_t passes = 3;
-    if (passes_s && cli_arg_u64("run", "passes", passes_s, 1, 1000000, &passes))
-        return CLI_EXIT_USAGE;
-    if (runopts_parse("run", &r))
-        return CLI_EXIT_USAGE;
-
-    ferry *f;
-    if (runopts_open(&r, argv + 1, npos, &f))
-        return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_OK;
     layer_set *sets = NULL;
     size_t nsets = 0;
@@ -228,7 +222,7 @@ int cmd_run(int argc, char **argv)
         rc = CLI_EXIT_FAIL;
         goto out;
     }
-    if (ferry_validate(f)) {
+    if (ferry_validate(f) || ferry_plan_check(f)) {
         rc = cli_error("%s", ferry_errmsg(f));
         goto out;
     }

@@ -2,11 +2,21 @@
  * runopts.c — parsing the placement options shared by run, plan and bench, and opening a manager
  * with them (see runopts.h).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "runopts.h"
+
+#define GROUP_HELP \
+    "  --group NAME=GLOB:KEY=VALUE,...  tensors matching GLOB get the placement of the other\n" \
+    "                         options with these keys replaced: home=, lazy=, load=,\n" \
+    "                         compute-dtype=, lock=on|off, device=N (0 the cpu, 1 --device);\n" \
+    "                         repeatable, the first match wins; the other options place\n" \
+    "                         every tensor no --group matches. E.g. --home disk\n" \
+    "                         --group embd=token_embd.*:lazy=on --group head=output*:home=host\n"
 
 const char runopts_help[] =
     "  --device SPEC          compute device: cpu (default), sim:8GiB, sim:8GiB@25GB/s, cuda:0\n"
@@ -19,7 +29,10 @@ const char runopts_help[] =
     "  -a, --adapter PATH[:MULT]  merge a LoRA adapter (repeatable)\n"
     "  --lora-mode merge|runtime  merge adapters at staging, or hand factors to the engine\n"
     "  --split SPEC,SPEC[:WEIGHT]  divide each 2-D weight's rows over several devices\n"
-    "                         (e.g. sim:4GiB,sim:4GiB:3 puts a quarter on the first)\n";
+    "                         (e.g. sim:4GiB,sim:4GiB:3 puts a quarter on the first)\n"
+    GROUP_HELP;
+
+const char runopts_group_help[] = GROUP_HELP;
 
 void runopts_add(runopts *r, cli_opt *opts, size_t *n)
 {
@@ -67,6 +80,8 @@ int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv
 static int parse_budget(const char *cmd, runopts *r)
 {
     char *copy = strdup(r->budget), *save = NULL;
+    if (!copy)
+        return cli_error("out of memory");
     int rc = 0;
     for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
@@ -92,60 +107,225 @@ static int parse_budget(const char *cmd, runopts *r)
     return rc;
 }
 
+/* Sets field KEY of P from VAL: home, load, lazy, compute-dtype, lock. WHERE prefixes messages
+ * ("--home", "--group 'head': home"). Returns 0, CLI_EXIT_USAGE, or 1 when KEY is none of them. */
+static int set_field(const char *cmd, const char *where, const char *key, const char *val,
+                     ferry_policy *p)
+{
+    if (!strcmp(key, "home")) {
+        if (!strcmp(val, "host"))
+            p->home = FERRY_HOME_HOST;
+        else if (!strcmp(val, "disk"))
+            p->home = FERRY_HOME_DISK;
+        else if (!strcmp(val, "device"))
+            p->home = FERRY_HOME_DEVICE;
+        else
+            return cli_usage_error(cmd, "%s: '%s' is not disk, host or device", where, val);
+    } else if (!strcmp(key, "load")) {
+        static const char *names[] = {"auto", "mmap", "read", "direct"};
+        int k = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(val, names[i]))
+                k = i;
+        if (k < 0)
+            return cli_usage_error(cmd, "%s: '%s' is not auto, mmap, read or direct", where, val);
+        p->load = (ferry_load)k;
+    } else if (!strcmp(key, "lazy")) {
+        if (!strcmp(val, "off")) {
+            p->lazy = FERRY_LAZY_OFF;
+        } else if (!strcmp(val, "on")) {
+            p->lazy = FERRY_LAZY_ON;
+        } else if (!strncmp(val, "auto", 4) && (!val[4] || val[4] == '=')) {
+            p->lazy = FERRY_LAZY_AUTO;
+            p->lazy_threshold = 0;
+            if (val[4] && ferry_parse_size(val + 5, &p->lazy_threshold))
+                return cli_usage_error(cmd, "%s: bad size '%s'", where, val + 5);
+        } else {
+            return cli_usage_error(cmd, "%s: '%s' is not off, on or auto[=SIZE]", where, val);
+        }
+    } else if (!strcmp(key, "compute-dtype")) {
+        ferry_dtype t = ferry_dtype_from_name(val);
+        if (t == FERRY_DTYPE_NONE)
+            return cli_usage_error(cmd, "%s: unknown type '%s'", where, val);
+        /* one message for a type nothing converts to, not one per tensor at load */
+        if (!ferry_dtype_can_convert(FERRY_DTYPE_F32, t))
+            return cli_usage_error(cmd, "%s: ferry cannot convert weights to %s (it converts to "
+                                   "f32, f16, bf16, q8_0 and q4_0)", where, val);
+        p->convert = 1;
+        p->compute_dtype = t;
+    } else if (!strcmp(key, "lock")) {
+        if (strcmp(val, "on") && strcmp(val, "off"))
+            return cli_usage_error(cmd, "%s: '%s' is not on or off", where, val);
+        p->lock = !strcmp(val, "on");
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+/* One --group value: NAME=GLOB[:KEY=VALUE,...]. The policy starts from BASE. */
+static int parse_group(const char *cmd, const char *arg, const ferry_policy *base,
+                       runopts_group *g)
+{
+    memset(g, 0, sizeof *g);
+    g->device = -1;
+    g->policy = *base;
+    if (!(g->spec = strdup(arg)))
+        return cli_error("out of memory");
+    char *eq = strchr(g->spec, '=');
+    if (!eq || eq == g->spec || !eq[1] || eq[1] == ':')
+        return cli_usage_error(cmd, "--group '%s': expected NAME=GLOB[:KEY=VALUE,...]", arg);
+    *eq = 0;
+    g->name = g->spec;
+    g->glob = eq + 1;
+    if (!strcmp(g->name, "all") || !strcmp(g->name, "default"))
+        return cli_usage_error(cmd, "--group '%s': the name '%s' is taken (every other tensor)",
+                               arg, g->name);
+    char *keys = strchr(eq + 1, ':');
+    if (!keys)
+        return 0;
+    *keys++ = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(keys, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *val = strchr(tok, '=');
+        if (!val || val == tok)
+            return cli_usage_error(cmd, "--group '%s': '%s' is not KEY=VALUE", g->name, tok);
+        *val++ = 0;
+        char where[160];
+        snprintf(where, sizeof where, "--group '%s': %s", g->name, tok);
+        if (!strcmp(tok, "device")) {
+            char *end;
+            long d = strtol(val, &end, 10);
+            if (!*val || *end || d < 0 || d >= FERRY_MAX_DEVICES)
+                return cli_usage_error(cmd, "%s: '%s' is not a device id (0 the cpu, 1 --device)",
+                                       where, val);
+            g->device = (int)d;
+            continue;
+        }
+        int rc = set_field(cmd, where, tok, val, &g->policy);
+        if (rc == 1)
+            return cli_usage_error(cmd, "--group '%s': unknown key '%s' (home, lazy, load, "
+                                   "device, compute-dtype, lock)", g->name, tok);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int runopts_collect_groups(const char *cmd, runopts *r, int *argc, char **argv)
+{
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        if (strcmp(a, "--") == 0) {
+            while (i < *argc)
+                argv[out++] = argv[i++];
+            break;
+        }
+        if (strcmp(a, "--group") == 0) {
+            if (i + 1 >= *argc)
+                return cli_usage_error(cmd, "--group needs a value");
+            val = argv[++i];
+        } else if (strncmp(a, "--group=", 8) == 0) {
+            val = a + 8;
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        if (r->n_groups >= RUNOPTS_MAX_GROUPS)
+            return cli_usage_error(cmd, "at most %d --group options", RUNOPTS_MAX_GROUPS);
+        r->group_args[r->n_groups++] = val;
+    }
+    *argc = out;
+    argv[out] = NULL;
+    return 0;
+}
+
+int runopts_parse_groups(const char *cmd, runopts *r, const ferry_policy *base)
+{
+    for (int i = 0; i < r->n_groups; i++) {
+        int rc = parse_group(cmd, r->group_args[i], base, &r->groups[i]);
+        if (rc)
+            return rc;
+        for (int k = 0; k < i; k++)
+            if (!strcmp(r->groups[k].name, r->groups[i].name))
+                return cli_usage_error(cmd, "--group '%s' given twice", r->groups[i].name);
+    }
+    return 0;
+}
+
 int runopts_parse(const char *cmd, runopts *r)
 {
     ferry_policy *p = &r->policy;
     memset(p, 0, sizeof *p);
-    if (r->home) {
-        if (!strcmp(r->home, "host"))
-            p->home = FERRY_HOME_HOST;
-        else if (!strcmp(r->home, "disk"))
-            p->home = FERRY_HOME_DISK;
-        else if (!strcmp(r->home, "device"))
-            p->home = FERRY_HOME_DEVICE;
-        else
-            return cli_usage_error(cmd, "--home: '%s' is not disk, host or device", r->home);
-    }
-    if (r->load) {
-        static const char *names[] = {"auto", "mmap", "read", "direct"};
-        int k = -1;
-        for (int i = 0; i < 4; i++)
-            if (!strcmp(r->load, names[i]))
-                k = i;
-        if (k < 0)
-            return cli_usage_error(cmd, "--load: '%s' is not auto, mmap, read or direct", r->load);
-        p->load = (ferry_load)k;
-    }
-    if (r->lazy) {
-        if (!strcmp(r->lazy, "off")) {
-            p->lazy = FERRY_LAZY_OFF;
-        } else if (!strcmp(r->lazy, "on")) {
-            p->lazy = FERRY_LAZY_ON;
-        } else if (!strncmp(r->lazy, "auto", 4) && (!r->lazy[4] || r->lazy[4] == '=')) {
-            p->lazy = FERRY_LAZY_AUTO;
-            if (r->lazy[4] && ferry_parse_size(r->lazy + 5, &p->lazy_threshold))
-                return cli_usage_error(cmd, "--lazy: bad size '%s'", r->lazy + 5);
-        } else {
-            return cli_usage_error(cmd, "--lazy: '%s' is not off, on or auto[=SIZE]", r->lazy);
-        }
-    }
-    if (r->compute_dtype) {
-        ferry_dtype t = ferry_dtype_from_name(r->compute_dtype);
-        if (t == FERRY_DTYPE_NONE)
-            return cli_usage_error(cmd, "--compute-dtype: unknown type '%s'", r->compute_dtype);
-        p->convert = 1;
-        p->compute_dtype = t;
+    r->cmd = cmd;
+    static const char *const keys[] = {"home", "load", "lazy", "compute-dtype"};
+    const char *vals[] = {r->home, r->load, r->lazy, r->compute_dtype};
+    for (int i = 0; i < 4; i++) {
+        char where[32];
+        snprintf(where, sizeof where, "--%s", keys[i]);
+        if (vals[i] && set_field(cmd, where, keys[i], vals[i], p))
+            return CLI_EXIT_USAGE;
     }
     if (r->lora_mode && strcmp(r->lora_mode, "merge") && strcmp(r->lora_mode, "runtime"))
         return cli_usage_error(cmd, "--lora-mode: '%s' is not merge or runtime", r->lora_mode);
     if (r->budget && parse_budget(cmd, r))
         return CLI_EXIT_USAGE;
-    return 0;
+    /* groups start from the plain options; the compute device and split are filled at open */
+    return runopts_parse_groups(cmd, r, p) ? CLI_EXIT_USAGE : 0;
+}
+
+int runopts_parse_args(const char *cmd, runopts *r, int *argc, char **argv,
+                       const cli_opt *extra, size_t n_extra, int *npos)
+{
+    cli_opt opts[32];
+    size_t no = 0;
+    if (n_extra > sizeof opts / sizeof opts[0] - 8)
+        return cli_usage_error(cmd, "too many options");
+    runopts_add(r, opts, &no);
+    for (size_t i = 0; i < n_extra; i++)
+        opts[no++] = extra[i];
+    if (runopts_collect_adapters(cmd, r, argc, argv) || runopts_collect_groups(cmd, r, argc, argv))
+        return CLI_EXIT_USAGE;
+    int prc = cli_parse(cmd, *argc, argv, opts, no, npos);
+    if (prc)
+        return prc;
+    return runopts_parse(cmd, r);
+}
+
+void runopts_free(runopts *r)
+{
+    for (int i = 0; i < RUNOPTS_MAX_GROUPS; i++) {
+        free(r->groups[i].spec);
+        r->groups[i].spec = NULL;
+    }
+}
+
+/* The exit status of ferry_add_device's RC on F: a spec that does not parse is a usage error
+ * (2); a device that is not there, or fails, is a failure (1). Prints the message. */
+static int device_error(ferry *f, int rc)
+{
+    if (!rc)
+        return 0;
+    fprintf(stderr, "ferry: --device: %s\n", ferry_errmsg(f));
+    return rc == FERRY_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
+}
+
+int runopts_check_device(const char *spec)
+{
+    if (!spec || !strcmp(spec, "cpu"))
+        return 0;
+    ferry *f = ferry_create(NULL);
+    if (!f)
+        return cli_error("out of memory");
+    int rc = device_error(f, ferry_add_device(f, spec, NULL));
+    ferry_destroy(f);
+    return rc;
 }
 
 /* Adds the devices of --split and fills the policy's split. A trailing ":WEIGHT" is a number after
  * the spec's own colons: cpu:W, sim:CAP:W, cuda:N:W. */
-int runopts_split(const char *split, ferry *f, ferry_policy *policy)
+int runopts_split(const char *cmd, const char *split, ferry *f, ferry_policy *policy)
 {
     char *copy = strdup(split), *save = NULL;
     if (!copy)
@@ -153,7 +333,7 @@ int runopts_split(const char *split, ferry *f, ferry_policy *policy)
     int rc = 0, k = 0;
     for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
         if (k >= FERRY_MAX_SPLIT) {
-            rc = cli_error("--split: at most %d devices", FERRY_MAX_SPLIT);
+            rc = cli_usage_error(cmd, "--split: at most %d devices", FERRY_MAX_SPLIT);
             break;
         }
         int colons = 0;
@@ -166,17 +346,15 @@ int runopts_split(const char *split, ferry *f, ferry_policy *policy)
             char *end;
             double v = strtod(last + 1, &end);
             if (*end || !(v > 0)) {
-                rc = cli_error("--split: bad weight '%s' in '%s'", last + 1, tok);
+                rc = cli_usage_error(cmd, "--split: bad weight '%s' in '%s'", last + 1, tok);
                 break;
             }
             w = (float)v;
             *last = 0;
         }
         int dev = 0;
-        if (strcmp(tok, "cpu") != 0 && ferry_add_device(f, tok, &dev)) {
-            rc = cli_error("%s", ferry_errmsg(f));
+        if (strcmp(tok, "cpu") != 0 && (rc = device_error(f, ferry_add_device(f, tok, &dev))))
             break;
-        }
         policy->split_devices[k] = dev;
         policy->split_weights[k] = w;
         k++;
@@ -190,11 +368,71 @@ int runopts_split(const char *split, ferry *f, ferry_policy *policy)
 
 static int add_split(runopts *r, ferry *f)
 {
-    return runopts_split(r->split, f, &r->policy);
+    return runopts_split(r->cmd, r->split, f, &r->policy);
+}
+
+int runopts_add_groups(runopts *r, ferry *f)
+{
+    for (int i = 0; i < r->n_groups; i++) {
+        runopts_group *g = &r->groups[i];
+        ferry_policy p = g->policy;
+        if (g->device >= 0) {
+            if (g->device >= ferry_device_count(f))
+                return cli_usage_error(r->cmd, "--group '%s': device=%d, but there %s only %d "
+                                       "device%s (0 the cpu, then --device, --split)", g->name,
+                                       g->device, ferry_device_count(f) == 1 ? "is" : "are",
+                                       ferry_device_count(f),
+                                       ferry_device_count(f) == 1 ? "" : "s");
+            p.compute_device = g->device;
+            p.n_split = 0; /* one device named: not split */
+        } else {
+            p.compute_device = r->policy.compute_device;
+            p.n_split = r->policy.n_split;
+            memcpy(p.split_devices, r->policy.split_devices, sizeof p.split_devices);
+            memcpy(p.split_weights, r->policy.split_weights, sizeof p.split_weights);
+        }
+        if (ferry_group_add(f, g->name, g->glob, &p))
+            return cli_error("--group '%s': %s", g->name, ferry_errmsg(f));
+    }
+    return 0;
+}
+
+/* Splits an adapter argument PATH[:MULT] into its path (malloc'd) and multiplier. A suffix after
+ * the last ':' that is not a number is a bad multiplier, unless the whole argument names a file.
+ * Returns 0 or CLI_EXIT_USAGE. */
+static int adapter_arg(const char *cmd, const char *arg, char **path, float *mult)
+{
+    *mult = 1.0f;
+    if (!(*path = strdup(arg)))
+        return cli_error("out of memory");
+    char *colon = strrchr(*path, ':');
+    if (!colon)
+        return 0;
+    char *end;
+    double m = strtod(colon + 1, &end);
+    if (colon[1] && !*end && isfinite(m)) {
+        *colon = 0;
+        *mult = (float)m;
+        return 0;
+    }
+    if (access(arg, F_OK) == 0)
+        return 0; /* a file whose name holds a ':' */
+    free(*path);
+    *path = NULL;
+    return cli_usage_error(cmd, "-a %s: bad multiplier '%s' (expected PATH[:NUMBER])", arg,
+                           colon + 1);
 }
 
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
 {
+    /* the adapters' multipliers are checked before any file is opened */
+    for (int i = 0; i < r->n_adapters; i++) {
+        char *path;
+        float mult;
+        if (adapter_arg(r->cmd, r->adapters[i], &path, &mult))
+            return CLI_EXIT_USAGE;
+        free(path);
+    }
     ferry *f = ferry_create(NULL);
     if (!f)
         return cli_error("out of memory");
@@ -204,16 +442,16 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
         ferry_destroy(f);
         return CLI_EXIT_FAIL;
     }
-    int dev = 0;
-    if (r->device && strcmp(r->device, "cpu") != 0 && ferry_add_device(f, r->device, &dev)) {
-        cli_error("%s", ferry_errmsg(f));
+    int dev = 0, rc;
+    if (r->device && strcmp(r->device, "cpu") != 0 &&
+        (rc = device_error(f, ferry_add_device(f, r->device, &dev)))) {
         ferry_destroy(f);
-        return CLI_EXIT_FAIL;
+        return rc;
     }
     r->policy.compute_device = dev;
-    if (r->split && add_split(r, f)) {
+    if (r->split && (rc = add_split(r, f))) {
         ferry_destroy(f);
-        return CLI_EXIT_FAIL;
+        return rc;
     }
     /* the device budget is the compute device's; with --split, each split device's */
     int bdev[FERRY_MAX_SPLIT + 1], nb = 0;
@@ -235,7 +473,11 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
             return CLI_EXIT_FAIL;
         }
     }
-    if (r->groups_first && r->groups_first(f, &r->policy, r->groups_arg)) {
+    if ((rc = runopts_add_groups(r, f))) {
+        ferry_destroy(f);
+        return rc;
+    }
+    if (r->own_groups && r->own_groups(f, &r->policy, r->groups_arg)) {
         ferry_destroy(f);
         return CLI_EXIT_FAIL;
     }
@@ -247,18 +489,13 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
     if (r->lora_mode && !strcmp(r->lora_mode, "runtime"))
         ferry_lora_set_mode(f, FERRY_LORA_RUNTIME);
     for (int i = 0; i < r->n_adapters; i++) {
-        char *path = strdup(r->adapters[i]);
-        float mult = 1.0f;
-        char *colon = strrchr(path, ':');
-        if (colon && colon[1]) {
-            char *end;
-            double m = strtod(colon + 1, &end);
-            if (!*end) {
-                *colon = 0;
-                mult = (float)m;
-            }
+        char *path;
+        float mult;
+        if (adapter_arg(r->cmd, r->adapters[i], &path, &mult)) {
+            ferry_destroy(f);
+            return CLI_EXIT_USAGE;
         }
-        int rc = ferry_lora_add(f, path, mult, NULL, NULL);
+        rc = ferry_lora_add(f, path, mult, NULL, NULL);
         if (rc) {
             cli_fail(path, ferry_errmsg(f), rc);
             free(path);
