@@ -110,7 +110,7 @@ int main(void)
     snprintf(cmd, sizeof cmd, "%s run 2>&1", FERRY_CLI);
     CHECK_EQ_INT(sh(cmd, out, sizeof out), 2);
     snprintf(cmd, sizeof cmd, "%s run '%s' --device sim:lots 2>&1", FERRY_CLI, gguf);
-    CHECK_EQ_INT(sh(cmd, out, sizeof out), 1);
+    CHECK_EQ_INT(sh(cmd, out, sizeof out), 2);
     CHECK(strstr(out, "sim:lots") != NULL);
     /* plan: JSON totals */
     snprintf(cmd, sizeof cmd, "%s plan '%s' --home disk --device sim:64MiB --json", FERRY_CLI,

@@ -75,8 +75,8 @@ typedef struct plan_peaks {
     const char *name[FERRY_MAX_DEVICES];
 } plan_peaks;
 
-/* The plan, lock held: placements into PL (may be NULL), totals and peaks. */
-static int plan_locked(ferry *f, ferry_placement *pl, size_t *n_out, ferry_plan_totals *tot,
+/* The plan, lock held: placements into *PL_OUT (malloc'd; PL_OUT may be NULL), totals, peaks. */
+static int plan_locked(ferry *f, ferry_placement **pl_out, size_t *n_out, ferry_plan_totals *tot,
                        plan_peaks *pk)
 {
     /* Bind first: binding may split tensors into parts, which the loop below then lists. */
@@ -86,6 +86,9 @@ static int plan_locked(ferry *f, ferry_placement *pl, size_t *n_out, ferry_plan_
             if (rc)
                 return rc;
         }
+    ferry_placement *pl = NULL;
+    if (pl_out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl)))
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
     memset(tot, 0, sizeof *tot);
     memset(pk, 0, sizeof *pk);
     size_t n = 0;
@@ -107,6 +110,8 @@ static int plan_locked(ferry *f, ferry_placement *pl, size_t *n_out, ferry_plan_
             n++;
         }
     }
+    if (pl_out)
+        *pl_out = pl;
     *n_out = n;
     return 0;
 }
@@ -117,19 +122,13 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     ferry_placement *pl = NULL;
-    if (out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl))) {
-        pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
-    }
     ferry_plan_totals tot;
     plan_peaks pk;
     size_t n = 0;
-    int rc = plan_locked(f, pl, &n, &tot, &pk);
+    int rc = plan_locked(f, out ? &pl : NULL, &n, &tot, &pk);
     pthread_mutex_unlock(&f->lock);
-    if (rc) {
-        free(pl);
+    if (rc)
         return rc;
-    }
     if (out)
         *out = pl;
     if (n_out)
