@@ -62,7 +62,7 @@
 #include <unistd.h>
 
 #include "ferry.h"
-#include "../tools/ferry/limits.h" /* the limits `ferry bench` measures; plain POSIX */
+#include "ferry_tools.h" /* the limits `ferry bench` measures (limits.h); plain POSIX */
 
 #include "bench_util.h"
 

@@ -1,10 +1,11 @@
 /*
  * test_limits.c — the machine-limit probes of `ferry bench` and `ferry demo` (tools/ferry/
- * limits.c, compiled into this test): each returns a positive rate on a real file and memory, and
+ * limits.c, in ferry_tools): each returns a positive rate on a real file and memory, and
  * a negative error code on a missing file or a folder.
  */
 #include "check.h"
-#include "../tools/ferry/limits.c"
+#include "ferry.h"
+#include "ferry_tools.h"
 
 int main(void)
 {

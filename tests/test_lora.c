@@ -6,7 +6,7 @@
  * metadata, PEFT's adapter_config.json, absent); hostile adapters refused with FERRY_ELORA and
  * names in the message; factors read back in every dtype and orientation; the merge against a
  * float64 reference on odd sizes and row chunks; and the synthetic adapter generator of
- * `ferry gen --lora` (compiled in from tools/ferry/gen_lora.c), whose every adapter must map fully.
+ * `ferry gen --lora` (tools/ferry/gen_lora.c, in ferry_tools), whose every adapter must map fully.
  */
 #include <math.h>
 #include <stdint.h>
@@ -17,7 +17,7 @@
 #include "ferry.h"
 #include "lora/lora.h"
 
-#include "../tools/ferry/gen_lora.c"
+#include "ferry_tools.h"
 
 
 /* ---- writing model and adapter files ------------------------------------------------------------ */
@@ -1080,8 +1080,8 @@ static void test_gen(void)
             for (size_t i = 0; i < ferry_catalog_count(c); i++) {
                 ferry_tensor_info t;
                 ferry_catalog_tensor(c, i, &t);
-                n += gl_is_target(&t);
-                nc += gl_is_target(&t) && t.ndim == 4;
+                n += ferry_gen_lora_is_target(&t);
+                nc += ferry_gen_lora_is_target(&t) && t.ndim == 4;
             }
             ferry_catalog_destroy(c);
             CHECK(n > 40 && nc > 10);

@@ -1,14 +1,15 @@
 /*
- * test_synth.c — the synthetic-model generator of `ferry gen` (tools/ferry/synth.c, compiled into
- * this test with the CLI helpers it uses): its AVX2 value generator gives exactly the floats of
+ * test_synth.c — the synthetic-model generator of `ferry gen` (tools/ferry/synth.c, in
+ * ferry_tools): its AVX2 value generator gives exactly the floats of
  * the portable loop for every tensor kind, scale, length (tails of 1..15 past the 16-wide steps)
  * and chunk, and a whole model written either way is the same file. Without AVX2 both runs take
  * the portable loop and the test says so.
  */
-#include "../tools/ferry/cli.c"
-#include "../tools/ferry/synth.c"
+#include <math.h>
+#include <stdint.h>
 
 #include "check.h"
+#include "ferry_tools.h"
 
 static void test_fill_paths(const float *tab)
 {
@@ -38,9 +39,9 @@ static void test_fill_paths(const float *tab)
                 memset(a, 0xa5, N * sizeof *a);
                 memset(b, 0x5a, N * sizeof *b);
                 synth_force_portable = 1;
-                fill_values(&t, tab, seed * 977, k + 3, li + seed, a, n);
+                synth_fill_values(&t, tab, seed * 977, k + 3, li + seed, a, n);
                 synth_force_portable = 0;
-                fill_values(&t, tab, seed * 977, k + 3, li + seed, b, n);
+                synth_fill_values(&t, tab, seed * 977, k + 3, li + seed, b, n);
                 runs++;
                 if (memcmp(a, b, n * sizeof *a) != 0) {
                     differ++;
@@ -63,7 +64,7 @@ static void test_fill_paths(const float *tab)
     memset(&t, 0, sizeof t);
     t.kind = SYNTH_NORM;
     t.scale = 0.01f;
-    fill_values(&t, tab, 1, 1, 1, a, N);
+    synth_fill_values(&t, tab, 1, 1, 1, a, N);
     double s = 0;
     for (int i = 0; i < N; i++)
         s += a[i];
@@ -129,7 +130,7 @@ int main(void)
     if (!__builtin_cpu_supports("avx2"))
 #endif
         fprintf(stderr, "note: no AVX2 here: both runs take the portable loop\n");
-    float *tab = normal_table();
+    float *tab = synth_normal_table();
     CHECK(tab != NULL);
     if (tab)
         test_fill_paths(tab);

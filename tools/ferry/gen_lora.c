@@ -73,7 +73,7 @@ static int gl_llama_gguf(const char *name, const char **num, int *numlen, size_t
 
 /* Whether base tensor T gets a LoRA: llama attention / feed-forward matrices (GGUF or HF names),
  * diffusers attention / feed-forward matrices, conv kernels. */
-static int gl_is_target(const ferry_tensor_info *t)
+int ferry_gen_lora_is_target(const ferry_tensor_info *t)
 {
     const char *n = t->name;
     const char *num;
@@ -312,7 +312,7 @@ int ferry_gen_lora(const char *base_path, const char *out_path, unsigned rank, c
     for (size_t i = 0; i < n; i++) {
         ferry_tensor_info t;
         ferry_catalog_tensor(cat, i, &t);
-        if (!gl_is_target(&t) || t.n_elems == 0)
+        if (!ferry_gen_lora_is_target(&t) || t.n_elems == 0)
             continue;
         if (gl_describe(sc, &t, rank, &tg[nt]) != 0) {
             gl_target_free(&tg[nt]);

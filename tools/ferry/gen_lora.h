@@ -1,13 +1,15 @@
 /*
  * gen_lora.h — synthetic LoRA adapters for `ferry gen --lora BASE`: factors for every attention
  * and feed-forward weight (and every conv kernel) of a base model, in the PEFT, kohya or GGUF
- * naming scheme, deterministic from a seed. Uses only the public header ferry.h, so tests can
- * compile gen_lora.c into themselves.
+ * naming scheme, deterministic from a seed. Uses only the public header ferry.h; part of
+ * ferry_tools.
  */
 #ifndef FERRY_GEN_LORA_H
 #define FERRY_GEN_LORA_H
 
 #include <stdint.h>
+
+#include "ferry.h"
 
 /* Writes OUT_PATH atomically: a LoRA adapter of RANK (1 .. 65536) for the model at BASE_PATH
  * (anything ferry_catalog_add opens), in SCHEME "peft" (safetensors, HF module names under
@@ -24,5 +26,7 @@
  * Returns 0, 1 on failure, 2 for a bad argument (as the CLI's exit statuses). */
 int ferry_gen_lora(const char *base_path, const char *out_path, unsigned rank, const char *scheme,
                    uint64_t seed, int quiet);
+/* Whether ferry_gen_lora gives base tensor T factors (the coverage listed above). */
+int ferry_gen_lora_is_target(const ferry_tensor_info *t);
 
 #endif

@@ -513,7 +513,7 @@ static inline uint64_t splitmix64(uint64_t *s)
  * per value. */
 #define NORMAL_TABLE 65536
 
-static float *normal_table(void)
+float *synth_normal_table(void)
 {
     float *tab = malloc(NORMAL_TABLE * sizeof *tab);
     if (!tab)
@@ -536,8 +536,8 @@ static float *normal_table(void)
 #define SM_MUL1 UINT64_C(0xBF58476D1CE4E5B9)
 #define SM_MUL2 UINT64_C(0x94D049BB133111EB)
 
-/* Set by tests only: 1 keeps fill_values on its portable loop. */
-static int synth_force_portable;
+/* Set by tests only: 1 keeps synth_fill_values on its portable loop. */
+int synth_force_portable;
 
 #ifdef SYNTH_X86
 /* X * C mod 2^64 in each 64-bit lane (AVX2 has no 64-bit multiply):
@@ -551,7 +551,7 @@ __attribute__((target("avx2"))) static inline __m256i mul64(__m256i x, uint64_t 
     return _mm256_add_epi64(_mm256_mul_epu32(x, clo), _mm256_slli_epi64(cross, 32));
 }
 
-/* The portable loop of fill_values, 16 values at a time: the same four splitmix64 draws (draw k
+/* The portable loop of synth_fill_values, 16 values at a time: the same four splitmix64 draws (draw k
  * of the stream mixes *S + (k+1) * gamma), the same 16-bit table indexes in the same order, the
  * same float multiply and add, so the same bits. Returns how many values were done; *S is
  * advanced past the draws used. */
@@ -590,8 +590,8 @@ static int synth_use_avx2(void)
 
 /* Fills OUT[0..n) with values of tensor T, chunk CHUNK_NO, under SEED: table values scaled to
  * T's spread (around 1.0 for norms, 0 otherwise). */
-static void fill_values(const synth_tensor *t, const float *tab, uint64_t seed,
-                        uint64_t tensor_no, uint64_t chunk_no, float *out, uint64_t n)
+void synth_fill_values(const synth_tensor *t, const float *tab, uint64_t seed,
+                       uint64_t tensor_no, uint64_t chunk_no, float *out, uint64_t n)
 {
     uint64_t s = seed ^ UINT64_C(0x6A09E667F3BCC909);
     uint64_t a = tensor_no + 1, bb = chunk_no + 1;
@@ -661,10 +661,10 @@ static int fill_job(const gen_ctx *g, const job *jb, float *tmp, unsigned char *
     if (rc != 0)
         return rc;
     if (t->dtype == FERRY_DTYPE_F32) {
-        fill_values(t, g->normal, g->m->cfg.seed, jb->tensor, jb->start / CHUNK,
+        synth_fill_values(t, g->normal, g->m->cfg.seed, jb->tensor, jb->start / CHUNK,
                     (float *)(void *)out, jb->count);
     } else {
-        fill_values(t, g->normal, g->m->cfg.seed, jb->tensor, jb->start / CHUNK, tmp,
+        synth_fill_values(t, g->normal, g->m->cfg.seed, jb->tensor, jb->start / CHUNK, tmp,
                     jb->count);
         rc = ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t->dtype, out, jb->count);
         if (rc != 0)
@@ -860,7 +860,7 @@ static int stream(ferry_writer *w, const synth_model *m, const job *jobs, size_t
     pthread_cond_init(&g.filled, NULL);
     pthread_cond_init(&g.freed, NULL);
 
-    float *normal = normal_table();
+    float *normal = synth_normal_table();
     g.normal = normal;
     if (!normal)
         rc = FERRY_ENOMEM;

@@ -57,4 +57,14 @@ int synth_write(const synth_model *m, const char *path, int progress);
 /* "llama" / "unet". */
 const char *synth_arch_name(synth_arch a);
 
+/* The value generator, for tests that compare its AVX2 and portable paths. The table of 65536
+ * unit-variance values synth_fill_values draws from (malloc'd; NULL when out of memory). */
+float *synth_normal_table(void);
+/* Fills OUT[0..N) with the values of tensor T's chunk CHUNK_NO (tensor TENSOR_NO of the model)
+ * under SEED, drawn from TAB: the bytes synth_write writes, before conversion. */
+void synth_fill_values(const synth_tensor *t, const float *tab, uint64_t seed,
+                       uint64_t tensor_no, uint64_t chunk_no, float *out, uint64_t n);
+/* Nonzero: synth_fill_values takes its portable loop even where AVX2 is present. */
+extern int synth_force_portable;
+
 #endif
