@@ -1,5 +1,5 @@
 /*
- * test_review_memory.c — review tests (reviewer): memory accounting and error paths of the
+ * test_memory_accounting.c — memory accounting and error paths of the
  * manager — what stays resident after a failed prepare, after the host budget is lifted, after
  * every cached copy is evicted; fault injection (allocation and copy) across conversion, split
  * and merge with no leak and the right bytes afterwards; the message of a copy that fails in the
@@ -449,7 +449,7 @@ static void test_close_with_queue(void)
 
 int main(void)
 {
-    const char *dir = check_tmpdir("review_memory");
+    const char *dir = check_tmpdir("memory_accounting");
     snprintf(g_model, sizeof g_model, "%s/model.gguf", dir);
     snprintf(g_huge, sizeof g_huge, "%s/huge.gguf", dir);
     snprintf(g_slow, sizeof g_slow, "%s/slow.gguf", dir);

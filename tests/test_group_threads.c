@@ -1,5 +1,5 @@
 /*
- * test_review_threads.c — review tests (reviewer), concurrency: a group removed while another
+ * test_group_threads.c — concurrency: a group removed while another
  * thread prepares one of its tensors; groups added while loaders run jobs (the loaders read the
  * group's policy without the lock); tracing restarted and stopped while loaders and engine threads
  * add events. Meant for the TSan and ASan builds as much as the plain one.
@@ -170,7 +170,7 @@ static void test_trace_restart(void)
 
 int main(void)
 {
-    const char *dir = check_tmpdir("review_threads");
+    const char *dir = check_tmpdir("group_threads");
     snprintf(g_model, sizeof g_model, "%s/model.gguf", dir);
     snprintf(g_slow, sizeof g_slow, "%s/slow.gguf", dir);
     snprintf(g_trace, sizeof g_trace, "%s/trace.json", dir);

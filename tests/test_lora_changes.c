@@ -1,5 +1,5 @@
 /*
- * test_review_lora.c — review tests (reviewer): LoRA merges meeting the manager's other machinery —
+ * test_lora_changes.c — LoRA merges meeting the manager's other machinery —
  * the recorded schedule's prefetch after an adapter change, split parts prepared across a change,
  * a home-only load running while the set changes, conversion + merge + removal against the dry
  * run, and split + conversion + merge read back through ferry_tensor_read.
@@ -438,7 +438,7 @@ static void test_factors_take_pooled_buffer(void)
 int main(int argc, char **argv)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;
-    const char *dir = check_tmpdir("review_lora");
+    const char *dir = check_tmpdir("lora_changes");
     snprintf(g_base, sizeof g_base, "%s/base.gguf", dir);
     snprintf(g_big, sizeof g_big, "%s/big.gguf", dir);
     snprintf(g_lora, sizeof g_lora, "%s/lora.gguf", dir);

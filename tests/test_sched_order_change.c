@@ -1,5 +1,5 @@
 /*
- * test_review_sched.c — review tests (reviewer): the recorded schedule (src/sched/sched.c) when
+ * test_sched_order_change.c — the recorded schedule (src/sched/sched.c) when
  * the access order changes for good, and when a tensor is used more than once per pass; and the
  * effect on streaming under a budget through the manager (bytes read per pass approach M - B + W
  * once the new order has been learnt).
@@ -177,7 +177,7 @@ static void test_stream_reversed(const char *path)
 
 int main(void)
 {
-    const char *dir = check_tmpdir("review_sched");
+    const char *dir = check_tmpdir("sched_order_change");
     char path[1200];
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     fixture_tensor ts[64];
