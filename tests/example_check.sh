@@ -7,7 +7,8 @@
 #     read only their embedding
 #     row (the blocks stay cached), and zero-copy blocks read nothing at all;
 #   - GGUF and safetensors, the cpu and the sim device (with a budget that forces evictions);
-#   - ferry_validate reports every mismatching tensor, and bad input fails with exit 1.
+#   - ferry_validate reports every mismatching tensor, and bad input fails with exit 1;
+#   - the engine commands of docs/guide.md, with the guide's model and budgets.
 #
 #   example_check.sh FERRY_CLI ENGINE WORK_DIR
 set -eu
@@ -138,5 +139,11 @@ set +e
 rc=$?
 set -e
 [ "$rc" -eq 2 ] || fail "a usage error exited with $rc, expected 2"
+
+# ---- docs/guide.md's commands, as written there ---------------------------------------------
+"$cli" gen -q -o "$work/guide.gguf" --layers 4 --dim 256 --ff 512 --vocab 1000 ||
+    fail "ferry gen (the guide's model)"
+ok "$work/guide.gguf" --host-budget 16MiB
+ok "$work/guide.gguf" --device sim:1GiB@20GB/s --budget 4MiB
 
 echo "example_check: all checks passed"

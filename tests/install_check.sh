@@ -101,9 +101,10 @@ if [ -n "$pc" ]; then
     # A static link with what Libs.private lists (optional dependencies such as OpenBLAS included).
     private=$(PKG_CONFIG_PATH="$libdir/pkgconfig" "$pc" --libs-only-l --static ferry |
         sed 's/-lferry//')
-    pccflags=$(PKG_CONFIG_PATH="$libdir/pkgconfig" "$pc" --cflags ferry)
+    # the flags as docs/guide.md writes them: -L from pkg-config, not added here
+    pccflags=$(PKG_CONFIG_PATH="$libdir/pkgconfig" "$pc" --cflags --libs-only-L ferry)
     # shellcheck disable=SC2086
-    "$cc" -std=c11 $flags "$work/consumer.c" -o "$work/consumer_pc_static" $pccflags -L"$libdir" \
+    "$cc" -std=c11 $flags "$work/consumer.c" -o "$work/consumer_pc_static" $pccflags \
         -Wl,-Bstatic -lferry -Wl,-Bdynamic $private ||
         fail "linking libferry.a statically with Libs.private ($private)"
     out=$("$work/consumer_pc_static") || fail "pkg-config static: the consumer failed: $out"
