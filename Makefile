@@ -14,10 +14,15 @@ WERROR ?= OFF
 
 .PHONY: all build test test-fast test-asan test-tsan demo fuzz install clean
 
+# the CMake-generated makefiles run make recursively: no "Entering directory" line for each
+MAKEFLAGS += --no-print-directory
+CONFIGURE = cmake -S . -B $(BUILD) -DFERRY_WERROR=$(WERROR) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
+	$(CMAKE_FLAGS) >/dev/null
+
 all: build
 
 build:
-	@cmake -S . -B $(BUILD) -DFERRY_WERROR=$(WERROR) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	@$(CONFIGURE)
 	@cmake --build $(BUILD) -j $(JOBS)
 
 test-fast: build
@@ -40,8 +45,11 @@ test-tsan:
 test: test-fast test-asan test-tsan
 	@echo "make test: all suites passed"
 
-demo: build
-	./$(BUILD)/ferry demo
+# only the tool: the demo starts after a few lines, not the whole build's
+demo:
+	@$(CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS) --target ferry_cli
+	@./$(BUILD)/ferry demo
 
 fuzz:
 	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON \

@@ -233,8 +233,17 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
         why = "raised to the working set";
     }
     ferry_set_budget(f, 0, budget);
-    printf("\nstream    home disk, host budget %s (%s), %zu layers, 4 passes, cold file\n",
-           cli_size(budget, (char[32]){0}), why, nsets);
+    /* blocks: layers whose key ends in a number ("blk.3"); the rest are the embedding and head */
+    size_t blocks = 0;
+    for (size_t k = 0; k < nsets; k++) {
+        ferry_tensor_info info;
+        ferry_tensor_get_info(sets[k].t[0], &info);
+        size_t len = layer_key_len(info.name);
+        blocks += len > 0 && info.name[len - 1] >= '0' && info.name[len - 1] <= '9';
+    }
+    printf("\nstream    home disk, host budget %s (%s), 4 passes, cold file; each pass prepares\n"
+           "          %zu blocks and %zu other layers (embedding, head) in turn\n",
+           cli_size(budget, (char[32]){0}), why, blocks, nsets - blocks);
     fflush(stdout);
     limits_drop_cache(path);
     cli_progress bar;
@@ -279,11 +288,15 @@ static int demo_stream(const char *path, uint64_t model, int quiet)
         fig.stream_opt = model - budget + w;
         fig.budget = budget;
         fig.host_peak = st.peak_bytes[0];
-        printf("  later passes read %s; the optimum M - B + W is %s (LRU and the page cache "
-               "re-read all %s)\n",
+        printf("  later passes read %s; the optimum M - B + W is %s, M the model, B the budget,\n"
+               "  W the two largest consecutive layers (the one in use and the one read ahead):\n"
+               "  what a pass must re-read when the budget keeps all it can (LRU and the page\n"
+               "  cache re-read all %s)\n",
                cli_size(pass_read[3], b1), cli_size(fig.stream_opt, b2), cli_size(model, b3));
         printf("  ferry's host memory peaked at %s of the %s budget; prefetch hits %llu, misses "
-               "%llu\n",
+               "%llu\n"
+               "  (a miss: a prepare that found its tensor neither ready nor being read, and\n"
+               "  waited for the read)\n",
                cli_size(st.peak_bytes[0], b1), cli_size(budget, b2),
                (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses);
     }
@@ -449,7 +462,8 @@ static void demo_summary(const char *path)
     printf("\nnext\n");
     printf("  ferry bench %s                 every target, with the machine's limits\n", path);
     printf("  ferry run %s --device sim:64MiB@8GB/s --budget device=32MiB --verify\n", path);
-    printf("  ferry plan %s --home disk --lazy on      where each tensor would live\n", path);
+    printf("  ferry plan %s --home disk --group embd=token_embd.*:lazy=on   where each tensor would "
+           "live\n", path);
     printf("  ferry run %s --trace trace.json          open it in Perfetto\n", path);
 }
 
