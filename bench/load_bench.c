@@ -3,7 +3,7 @@
  * measured in the same run, alternating limit and ferry runs so that drift (other processes on a
  * shared machine, the host's page reporting) hits both alike.
  *
- * Targets (performance issue, items 1 and 2):
+ * Targets (1) and (2) of bench/README.md:
  *   cold: ferry load >= 0.9 x min(O_DIRECT read of the file, best of 1/2/4 readers with 64 MiB
  *         requests into reused buffers ; first touch of fresh memory of the same size), and no
  *         slower than a plain mmap with populate / will-need;
@@ -43,7 +43,7 @@
  * usage: load_bench [options] MODEL
  *   --gen SIZE        when MODEL does not exist, write a llama-shaped f16 GGUF of about SIZE
  *                     (width 2048, vocab 32000: never smaller than about 350 MiB)
- *   --runs N          rounds (default 3); medians over rounds are quoted
+ *   --runs N          runs (default 3); medians over runs are quoted
  *   --only LIST       comma-separated subset of the names above
  *   --readers LIST    reader counts for the direct limit (default 1,2,4,8)
  *   --request SIZE    request size of the direct limit (default 64MiB)
@@ -99,7 +99,7 @@ typedef struct bench {
     uint64_t request;
     uint32_t io_threads;
     int verify;
-    size_t rounds;
+    size_t runs_done;
     int enabled[M_COUNT];
     sample s[M_COUNT];
     double direct_by_readers[MAX_READERS][MAX_RUNS];
@@ -482,7 +482,7 @@ static int run_ferry(bench *b, ferry_load mode, int cold, double *ready_gbs, dou
     return 0;
 }
 
-/* ---- one round ------------------------------------------------------------------------------ */
+/* ---- one run -------------------------------------------------------------------------------- */
 
 static void put(bench *b, int m, double gbs, double load_gbs, double destroy_s)
 {
@@ -517,10 +517,10 @@ static int limit_step(bench *b, int m, double g)
     return 0;
 }
 
-static int round_once(bench *b, size_t run)
+static int run_once(bench *b, size_t run)
 {
     double g;
-    printf("round %zu\n", run + 1);
+    printf("run %zu\n", run + 1);
     fflush(stdout);
     /* cold: limit, ferry, limit, ferry, ... */
     if (b->enabled[M_DIRECT]) {
@@ -628,9 +628,9 @@ static void ratio(const char *what, double num, double den, double target, int z
 static void report(const bench *b)
 {
     char sz[32], tz[32];
-    printf("\nsummary: %s, file %s, tensors %s, medians of %zu round(s)\n", b->path,
+    printf("\nsummary: %s, file %s, tensors %s, medians of %zu run(s)\n", b->path,
            ferry_format_size(b->file_bytes, sz), ferry_format_size(b->tensor_bytes, tz),
-           b->rounds);
+           b->runs_done);
     double v[M_COUNT] = {0};
     for (int m = 0; m < M_COUNT; m++)
         v[m] = report_row(b, m);
@@ -785,14 +785,14 @@ int main(int argc, char **argv)
     b.file_bytes = (uint64_t)st.st_size;
     {
         char sz[32];
-        printf("load_bench: %s, %s, %zu round(s); io_threads %u (0 = default)\n", b.path,
+        printf("load_bench: %s, %s, %zu run(s); io_threads %u (0 = default)\n", b.path,
                ferry_format_size(b.file_bytes, sz), runs, b.io_threads);
     }
     print_load("before");
     for (size_t r = 0; r < runs; r++) {
-        if (round_once(&b, r) != 0)
+        if (run_once(&b, r) != 0)
             return 2;
-        b.rounds = r + 1;
+        b.runs_done = r + 1;
     }
     print_load("after");
     report(&b);

@@ -13,8 +13,8 @@
  *          multiplier (a new epoch) every 2-D weight is prepared and released once, one at a time.
  *          That is: f16 -> f32 of the pristine home copy, the same GEMM, f32 -> f16 into a fresh
  *          staged copy, and the manager's bookkeeping.
- * The two alternate, round after round (drift on a shared machine hits both alike); medians over
- * the rounds are quoted with their ratio. One warm-up pass of each comes first, untimed (it also
+ * The two alternate, run after run (drift on a shared machine hits both alike); medians over
+ * the runs are quoted with their ratio. One warm-up pass of each comes first, untimed (it also
  * faults in the scratch and reads the home copies).
  *
  * The model and adapter are written with the public writer when absent: a llama-shaped f16 GGUF
@@ -27,7 +27,7 @@
  *   --dir DIR      where the model and adapter live (default /tmp/ferry-lora-bench); reused
  *   --size SIZE    model size to aim at (default 1GiB)
  *   --rank R       adapter rank (default 64)
- *   --runs N       timed rounds (default 3)
+ *   --runs N       timed runs (default 3)
  *   --budget SIZE  host budget of the manager (default: none; with one, freed staged copies are
  *                  pooled and reused instead of coming fresh from the system)
  *   --load MODE    how the home copy was loaded: read (default: a private host copy) or mmap
@@ -415,7 +415,7 @@ int main(int argc, char **argv)
         tm[r] = run_merge(&b);
         if (tm[r] < 0)
             return 1;
-        printf("  round %u: gemm %.3f s  merge %.3f s  ratio %.2f\n", r + 1, tg[r], tm[r],
+        printf("  run %u: gemm %.3f s  merge %.3f s  ratio %.2f\n", r + 1, tg[r], tm[r],
                tm[r] / tg[r]);
         fflush(stdout);
     }
@@ -433,9 +433,9 @@ int main(int argc, char **argv)
            sg.max, (double)flops / sg.median / 1e9);
     printf("merged staging median %.3f s (min %.3f, max %.3f)  %.2f GB/s of weights\n", sm.median,
            sm.min, sm.max, (double)b.m.bytes / sm.median / 1e9);
-    printf("ratio merge/gemm %.2f (target <= 2.00): %s; per round: median %.2f, max %.2f\n",
+    printf("ratio merge/gemm %.2f (target <= 2.00): %s; per run: median %.2f, max %.2f\n",
            ratio, ratio <= 2.0 ? "met" : "MISSED", sr.median, sr.max);
-    printf("bytes read during the timed rounds: %llu (must be 0)\n",
+    printf("bytes read during the timed runs: %llu (must be 0)\n",
            (unsigned long long)(st1.bytes_read - st0.bytes_read));
     printf("check of %s against a float64 merge: %s\n", b.m.w[1].name,
            bad ? "FAILED" : "within one f16 rounding step");

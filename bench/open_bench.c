@@ -2,7 +2,7 @@
  * open_bench.c — how long opening a model takes: parse + catalog of a GGUF and a safetensors file
  * with 10,000 and with 300 small tensors (llama-style names), file warm in the page cache.
  *
- * Target (performance issue, item 3): ferry_catalog_create + ferry_catalog_add + destroy of a
+ * Target (3) of bench/README.md: ferry_catalog_create + ferry_catalog_add + destroy of a
  * 10,000-tensor model in < 50 ms, of a 300-tensor model in < 5 ms. To say where the time goes it
  * also times, on the same file, the pieces separately:
  *   parse  — ferry__gguf_parse / ferry__safetensors_parse on an in-memory copy + parsed_free;

@@ -4,7 +4,7 @@
 # load targets) and `ferry bench` (loads and streams beside the limits) on a model of $SIZE
 # generated with `ferry gen` (or load_bench --gen without it).
 #
-#   bench/run.sh                     1 GiB model, 3 rounds, build dir build/
+#   bench/run.sh                     1 GiB model, 3 runs, build dir build/
 #   SIZE=2GiB RUNS=3 bench/run.sh    the size the load targets are stated for (>= 2 GiB)
 #   BUILD=build-bench MODEL=/tmp/x.gguf ONLY=direct,ferry-direct bench/run.sh
 #

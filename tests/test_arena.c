@@ -12,7 +12,7 @@
  * cache holds (>= FERRY__AUTO_MAP_CACHED of a tensor's pages) and reads the rest, a file truncated
  * under an open manager, budgets, and a group load racing prepares and another group load.
  *
- * Section 7: regression tests for defects a review found (each failed before e39a4c2): AUTO over
+ * Section 7: regression tests, each of which fails on e39a4c2 and earlier: AUTO over
  * a host budget on a cold file falls back to the mapping; a failed read gives its copies' pages
  * back; budget holes do not fault in huge pages beyond what the budget counts; a one-shot phase
  * before a loop does not keep dead copies; an adapter added during an arena read is applied.
@@ -305,7 +305,7 @@ static void test_direct_arena(void)
 
     /* destroy with arena copies held (and prepared): everything freed (ASan), and a fresh
      * manager's group load (group NULL: all groups) is the same again */
-    for (int round = 0; round < 2; round++) {
+    for (int rep = 0; rep < 2; rep++) {
         f = ferry_create(NULL);
         ts = fixture_open_all(f, g_path, &p, &n);
         CHECK(ts != NULL && n == g_n);
@@ -319,7 +319,7 @@ static void test_direct_arena(void)
         CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
         CHECK_EQ_INT(count_same(f, ts, n), n);
         CHECK_EQ_INT(pairs_keeping_offsets(ts, n), n - 1);
-        if (round == 1)
+        if (rep == 1)
             CHECK_EQ_INT(ferry_release(f, ts, n), 0);
         free(ts);
         ferry_destroy(f);
@@ -850,7 +850,7 @@ static void join_or_die(pthread_t th, ferry *f, int seconds, const char *what)
 static void test_concurrent(void)
 {
     static const unsigned delays[] = {0, 300, 1500, 0, 200, 3000};
-    for (int round = 0; round < 6; round++) {
+    for (int rep = 0; rep < 6; rep++) {
         ferry *f = ferry_create(NULL);
         ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
         size_t n = 0;
@@ -862,10 +862,10 @@ static void test_concurrent(void)
         }
         pthread_barrier_t go;
         pthread_barrier_init(&go, NULL, 2);
-        /* rounds 0-2: a load against prepares (which start a little later or not);
-         * rounds 3-5: two group loads of the same group */
+        /* reps 0-2: a load against prepares (which start a little later or not);
+         * reps 3-5: two group loads of the same group */
         race_arg a = {.f = f, .go = &go, .mode = 0};
-        race_arg b = {.f = f, .go = &go, .mode = round < 3 ? 1 : 0, .delay_us = delays[round],
+        race_arg b = {.f = f, .go = &go, .mode = rep < 3 ? 1 : 0, .delay_us = delays[rep],
                       .some = {ts[1], ts[n / 2], ts[n - 1]}};
         pthread_t ta, tb;
         int started_a = pthread_create(&ta, NULL, race_main, &a) == 0;
@@ -886,7 +886,7 @@ static void test_concurrent(void)
         }
         pthread_barrier_destroy(&go);
         if (a.rc || b.rc)
-            fprintf(stderr, "round %d: load %d, other %d: %s\n", round, a.rc, b.rc,
+            fprintf(stderr, "rep %d: load %d, other %d: %s\n", rep, a.rc, b.rc,
                     ferry_errmsg(f));
         CHECK_EQ_INT(a.rc, 0);
         CHECK_EQ_INT(b.rc, 0);
@@ -911,7 +911,7 @@ static void test_concurrent(void)
     }
 }
 
-/* ---- 7. regressions of the session-4 review (each failed before e39a4c2) -------------------- */
+/* ---- 7. regressions (each fails on e39a4c2 and earlier) ------------------------------------ */
 
 static char g_big[1200], g_lora[1200];
 static int g_big_ok = -1; /* g_big written: 1, failed: 0, not yet: -1 */
@@ -993,10 +993,10 @@ static int rewrite_file(const char *path, const unsigned char *data, uint64_t n)
     return ok ? 0 : -1;
 }
 
-/* r1: load AUTO on a cold file, host budget smaller than the model. AUTO reads a private copy
+/* Load AUTO on a cold file, host budget smaller than the model. AUTO reads a private copy
  * only because the bytes are not cached; one the budget has no room for is served by the
  * mapping, as it would have been were the bytes cached. So the group load and the prepare
- * succeed (before the fix: FERRY_EBUDGET), the private copies stay within the budget, and the
+ * succeed (not FERRY_EBUDGET), the private copies stay within the budget, and the
  * successful call leaves no budget message behind. Part 0 is a group load then a prepare; part 1
  * a prepare alone (jobs, no arena). */
 static void test_auto_over_budget(void)
@@ -1075,11 +1075,11 @@ static void test_auto_over_budget(void)
     free(frac);
 }
 
-/* r4: a read that fails in the middle of a group load (the file shrank after open) while the
+/* A read that fails in the middle of a group load (the file shrank after open) while the
  * arena's other read succeeds. The copies the failed read was to fill are given back with their
- * pages; before the fix the pages its successful chunks had written (and the toucher had faulted
- * in) stayed resident as long as the other read's copies kept the arena: memory no budget
- * counted. Afterwards, with the file whole again, the same manager loads everything. */
+ * pages, including those its successful chunks had written (and the toucher had faulted in),
+ * which would otherwise stay resident as long as the other read's copies keep the arena: memory
+ * no budget counts. Afterwards, with the file whole again, the same manager loads everything. */
 static void test_failed_read_pages(void)
 {
     if (!big_model())
@@ -1177,11 +1177,11 @@ static void test_failed_read_pages(void)
     free(orig);
 }
 
-/* r5: load DIRECT, host budget B smaller than the model. The copies the budget refuses leave
+/* Load DIRECT, host budget B smaller than the model. The copies the budget refuses leave
  * holes in the arena, and the small copies claimed between them (each layer's attn_norm) are
- * reads of a page or two. Resident memory stays what the budget counts: before the fix the
- * whole arena was advised MADV_HUGEPAGE, so each such page faulted in a 2 MiB huge page (the
- * reviewer saw 20 MiB resident under a 13 MiB budget). */
+ * reads of a page or two. Resident memory stays what the budget counts: were the whole arena
+ * advised MADV_HUGEPAGE, each such page would fault in a 2 MiB huge page (20 MiB resident under
+ * a 13 MiB budget). */
 static void test_budget_holes_resident(void)
 {
     if (!big_model())
@@ -1236,10 +1236,10 @@ static void test_budget_holes_resident(void)
     ferry_destroy(f);
 }
 
-/* r6: home disk, load READ, a one-shot phase (token_embd and blk.0, prepared once) and then a
+/* Home disk, load READ, a one-shot phase (token_embd and blk.0, prepared once) and then a
  * loop over the rest, with a host budget of the loop's copies + 1 MiB. The first tensor never
- * comes again, so the schedule never completes; before the fix eviction kept ranking copies by
- * their (bit-reversed) first-use position for good, kept the dead one-shot token_embd and re-read
+ * comes again, so the schedule never completes; eviction that kept ranking copies by their
+ * (bit-reversed) first-use position for good would keep the dead one-shot token_embd and re-read
  * part of the loop every pass. Once warm, a loop pass reads nothing. */
 static void test_one_shot_then_loop(void)
 {
@@ -1313,7 +1313,7 @@ static void test_one_shot_then_loop(void)
     ferry_destroy(f);
 }
 
-/* ---- r3: an adapter added while a group load's arena read is in flight --------------------- *
+/* ---- an adapter added while a group load's arena read is in flight --------------------- *
  * The read is held at a gate: this binary's pread (which ferry's thread I/O backend calls,
  * FERRY_IO_BACKEND=threads) stops the first large read of an armed gate until the test opens it,
  * so the adapter is added while the copy is LOADING, every time, with no sleeps. */
@@ -1463,10 +1463,10 @@ static void *load_main(void *arg)
     return NULL;
 }
 
-/* Before the fix the copy read while the adapter came was left bound with the old decision
- * (no merge) and marked stale only for a job's end that never came: the next prepares staged
- * blk.0.attn_q without the adapter. Now each prepare stages what a manager that had the adapter
- * from the start stages. */
+/* A copy read while the adapter comes must not stay bound with the old decision (no merge),
+ * marked stale only for a job's end that never comes, or the next prepares would stage
+ * blk.0.attn_q without the adapter: each prepare stages what a manager that had the adapter from
+ * the start stages. */
 static void test_adapter_during_arena_read(void)
 {
     CHECK_EQ_INT(write_adapter(g_lora), 0);

@@ -12,7 +12,7 @@
 #include "model_fixture.h"
 
 #define THREADS 8
-#define ROUNDS 60
+#define REPS 60
 
 static char g_path[1200];
 
@@ -47,7 +47,7 @@ static int check_bytes(ferry *f, ferry_tensor *t, const unsigned char *want)
 static void *work(void *arg)
 {
     worker *w = arg;
-    for (int r = 0; r < ROUNDS; r++) {
+    for (int r = 0; r < REPS; r++) {
         ferry_tensor *set[4];
         size_t k = 1 + rand_r(&w->seed) % 4;
         for (size_t i = 0; i < k; i++)

@@ -274,10 +274,10 @@ static void test_roundtrip(void)
 /* A non-default alignment without the key: the serializer records it. Default when 0. */
 static void test_serialize_alignment(void)
 {
-    for (int round = 0; round < 2; round++) {
+    for (int rep = 0; rep < 2; rep++) {
         ferry__parsed p;
         memset(&p, 0, sizeof p);
-        p.alignment = round ? 128 : 0;
+        p.alignment = rep ? 128 : 0;
         ferry__tdesc t;
         memset(&t, 0, sizeof t);
         t.name = strdup("a");
@@ -291,7 +291,7 @@ static void test_serialize_alignment(void)
         unsigned char *h;
         size_t hl;
         CHECK_EQ_INT(ferry__gguf_serialize(&p, &h, &hl, &err), 0);
-        uint64_t al = round ? 128 : 32;
+        uint64_t al = rep ? 128 : 32;
         CHECK_EQ_INT(hl % al, 0);
         CHECK_EQ_INT(p.tensors[0].offset, hl);
         CHECK_EQ_INT(p.tensors[1].offset, hl + al); /* 12 bytes rounded up to the alignment */
@@ -301,7 +301,7 @@ static void test_serialize_alignment(void)
         ferry__parsed q;
         CHECK_EQ_INT(parse(&f, &q), 0);
         CHECK_EQ_INT(q.alignment, al);
-        CHECK_EQ_INT(q.n_meta, round ? 1 : 0);
+        CHECK_EQ_INT(q.n_meta, rep ? 1 : 0);
         CHECK_EQ_INT(q.n_tensors, 2);
         if (q.n_tensors == 2)
             CHECK_EQ_INT(q.tensors[1].offset, hl + al);

@@ -73,7 +73,7 @@ typedef struct stream_arg {
     ferry *f;
     ferry_tensor **ts;
     size_t n;
-    int rounds; /* 0: until stop */
+    int reps; /* 0: until stop */
     int failures;
     int stop;
 } stream_arg;
@@ -81,7 +81,7 @@ typedef struct stream_arg {
 static void *stream_thread(void *arg)
 {
     stream_arg *sa = arg;
-    for (int r = 0; sa->rounds ? r < sa->rounds : !__atomic_load_n(&sa->stop, __ATOMIC_ACQUIRE);
+    for (int r = 0; sa->reps ? r < sa->reps : !__atomic_load_n(&sa->stop, __ATOMIC_ACQUIRE);
          r++)
         for (size_t i = 0; i < sa->n; i++) {
             if (ferry_prepare(sa->f, &sa->ts[i], 1)) {

@@ -381,9 +381,9 @@ static void test_stream_reuses_pages(void)
     /* Not zero: when the sizes a pass needs shift (a copy at the edge of the kept set going
      * back and forth), small pooled blocks that cannot be stitched into a large buffer are
      * returned to the system and the large one takes fresh pages for the room they leave.
-     * Measured with the spread eviction order (session 4): 2-10 faults a pass, and 175-190 in
+     * Measured with the spread eviction order (2026-11-29): 2-10 faults a pass, and 175-190 in
      * about one pass in three, against 5,700-6,900 pages read in the two passes; with the tail
-     * kept (session 3) 0-6 faults, against 7,100-8,300 pages. */
+     * kept instead, 0-6 faults against 7,100-8,300 pages. */
     if (!SANITIZED)
         CHECK(faults[3] + faults[4] < pages / 10);
     /* the pool never holds the host over its budget, and gives everything back at release */

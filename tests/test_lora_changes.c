@@ -354,14 +354,14 @@ static void test_split_convert_merge(void)
     ferry_tensor *ts[LAYERS];
     for (int l = 0; l < LAYERS; l++)
         ts[l] = layer(f, l);
-    for (int round = 0; round < 2; round++) {
+    for (int rep = 0; rep < 2; rep++) {
         CHECK_EQ_INT(ferry_prepare(f, ts, LAYERS), 0);
         for (int l = 0; l < LAYERS; l++) {
             CHECK_EQ_INT(ferry_tensor_part_count(ts[l]), 3);
             CHECK_EQ_INT(ferry_tensor_nbytes(ts[l]), ROWS * COLS * 2);
             double e = merge_error(f, ts[l], l, -0.75);
             if (e > 2e-3)
-                fprintf(stderr, "split+convert+merge: layer %d round %d: error %g\n", l, round, e);
+                fprintf(stderr, "split+convert+merge: layer %d rep %d: error %g\n", l, rep, e);
             CHECK(e <= 2e-3);
         }
         /* reads that straddle part boundaries, and ones that end exactly at the end */

@@ -124,12 +124,12 @@ static void test_atomic(void)
 /* GGUF data: each tensor at a multiple of the alignment, gaps zero, the end padded. */
 static void test_alignment(void)
 {
-    for (int round = 0; round < 2; round++) {
-        uint32_t align = round ? 256 : 32;
+    for (int rep = 0; rep < 2; rep++) {
+        uint32_t align = rep ? 256 : 32;
         char path[4096];
         snprintf(path, sizeof path, "%s/align%u.gguf", dir, align);
         ferry_writer *w = ferry_writer_create(FERRY_FORMAT_GGUF);
-        if (round) {
+        if (rep) {
             ferry_value v = {.type = FERRY_VALUE_U32, .v.u = align};
             CHECK_EQ_INT(ferry_writer_set_meta(w, "general.alignment", &v), 0);
         }
