@@ -145,5 +145,8 @@ set -e
     fail "ferry gen (the guide's model)"
 ok "$work/guide.gguf" --host-budget 16MiB
 ok "$work/guide.gguf" --device sim:1GiB@20GB/s --budget 4MiB
+"$cli" plan "$work/guide.gguf" --home disk --group 'embd=token_embd.*:lazy=on' \
+    --group 'head=output*:home=host,load=read' >"$work/out" || fail "the guide's ferry plan --group"
+grep -q '^embd (1 tensors) .* yes ' "$work/out" || fail "the guide's plan: no lazy embd group"
 
 echo "example_check: all checks passed"
