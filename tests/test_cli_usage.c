@@ -2,8 +2,8 @@
  * test_cli_usage.c — the placement options' usage errors, as a user meets them (the binary
  * FERRY_CLI through the shell): each exits 2 (1 is for failures of the work itself) with one
  * message naming the option and the value: a --device or --split spec that does not parse, an
- * adapter's multiplier that is no number, a --compute-dtype nothing converts to (one line, not one
- * per tensor), and every malformed --group.
+ * adapter's multiplier that is no number (run, plan and lora merge), a --compute-dtype nothing
+ * converts to (one line, not one per tensor), and every malformed --group.
  */
 #include <string.h>
 
@@ -69,6 +69,10 @@ int main(void)
         usage(run("%s --group all=a* '%s'", cmd, model), "is taken");
         usage(run("%s --group", cmd), "--group needs a value");
     }
+    /* lora merge reads -a the same way */
+    usage(run("lora merge '%s' -a '%s:abc' -o '%s/o.gguf'", model, model, tmp),
+          "bad multiplier 'abc'");
+    usage(run("lora merge '%s' -a ':2' -o '%s/o.gguf'", model, tmp), "no path");
     /* bench checks its device before measuring anything */
     usage(run("bench --quick --device sim:abc '%s'", model), "bad capacity 'abc'");
     usage(run("bench --quick --group e '%s'", model), "expected NAME=GLOB");

@@ -52,36 +52,6 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* "PATH" or "PATH:MULT" into a fresh PATH and MULT. A name that exists as given is taken whole
- * (file names may hold colons). 0, or CLI_EXIT_USAGE after saying why. */
-static int parse_adapter(const char *spec, char **path, float *mult)
-{
-    struct stat st;
-    const char *colon = strrchr(spec, ':');
-    *mult = 1.0f;
-    if (!colon || stat(spec, &st) == 0) {
-        *path = strdup(spec);
-    } else {
-        char *end;
-        errno = 0;
-        double m = strtod(colon + 1, &end);
-        if (!colon[1] || *end || errno == ERANGE || !isfinite(m) || fabs(m) > FLT_MAX)
-            return cli_usage_error("lora merge",
-                                   "-a: '%s' is no multiplier (in '%s'; PATH[:MULT])",
-                                   colon + 1, spec);
-        *mult = (float)m;
-        *path = strndup(spec, (size_t)(colon - spec));
-    }
-    if (!*path)
-        return cli_error("out of memory");
-    if (!**path)
-        return cli_usage_error("lora merge", "-a: no path in '%s'", spec);
-    return 0;
-}
-
-/* ---- metadata ------------------------------------------------------------------------------- */
-
-/* V as text for safetensors' string-only metadata (malloc'd; NULL when out of memory). */
 static char *value_text(const ferry_value *v)
 {
     char *buf = NULL;
@@ -303,7 +273,7 @@ static int lora_merge(int argc, char **argv)
     memset(ad, 0, sizeof ad);
     int nad = 0;
     for (int i = 0; i < ro.n_adapters && !rc; i++) {
-        rc = parse_adapter(ro.adapters[i], &ad[i].path, &ad[i].mult);
+        rc = runopts_adapter("lora merge", ro.adapters[i], &ad[i].path, &ad[i].mult);
         nad = i + 1;
     }
     ferry *f = NULL;

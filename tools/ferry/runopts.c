@@ -2,10 +2,13 @@
  * runopts.c — parsing the placement options shared by run, plan and bench, and opening a manager
  * with them (see runopts.h).
  */
+#include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runopts.h"
@@ -397,30 +400,32 @@ int runopts_add_groups(runopts *r, ferry *f)
     return 0;
 }
 
-/* Splits an adapter argument PATH[:MULT] into its path (malloc'd) and multiplier. A suffix after
- * the last ':' that is not a number is a bad multiplier, unless the whole argument names a file.
- * Returns 0 or CLI_EXIT_USAGE. */
-static int adapter_arg(const char *cmd, const char *arg, char **path, float *mult)
+int runopts_adapter(const char *cmd, const char *spec, char **path, float *mult)
 {
+    struct stat st;
+    const char *colon = strrchr(spec, ':');
     *mult = 1.0f;
-    if (!(*path = strdup(arg)))
-        return cli_error("out of memory");
-    char *colon = strrchr(*path, ':');
-    if (!colon)
-        return 0;
-    char *end;
-    double m = strtod(colon + 1, &end);
-    if (colon[1] && !*end && isfinite(m)) {
-        *colon = 0;
-        *mult = (float)m;
-        return 0;
-    }
-    if (access(arg, F_OK) == 0)
-        return 0; /* a file whose name holds a ':' */
-    free(*path);
     *path = NULL;
-    return cli_usage_error(cmd, "-a %s: bad multiplier '%s' (expected PATH[:NUMBER])", arg,
-                           colon + 1);
+    if (!colon || stat(spec, &st) == 0) {
+        *path = strdup(spec); /* a name that exists as given is taken whole */
+    } else {
+        char *end;
+        errno = 0;
+        double m = strtod(colon + 1, &end);
+        if (!colon[1] || *end || errno == ERANGE || !isfinite(m) || fabs(m) > FLT_MAX)
+            return cli_usage_error(cmd, "-a %s: bad multiplier '%s' (expected PATH[:NUMBER])",
+                                   spec, colon + 1);
+        *mult = (float)m;
+        *path = strndup(spec, (size_t)(colon - spec));
+    }
+    if (!*path)
+        return cli_error("out of memory");
+    if (!**path) {
+        free(*path);
+        *path = NULL;
+        return cli_usage_error(cmd, "-a: no path in '%s'", spec);
+    }
+    return 0;
 }
 
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
@@ -429,7 +434,7 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
     for (int i = 0; i < r->n_adapters; i++) {
         char *path;
         float mult;
-        if (adapter_arg(r->cmd, r->adapters[i], &path, &mult))
+        if (runopts_adapter(r->cmd, r->adapters[i], &path, &mult))
             return CLI_EXIT_USAGE;
         free(path);
     }
@@ -491,7 +496,7 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
     for (int i = 0; i < r->n_adapters; i++) {
         char *path;
         float mult;
-        if (adapter_arg(r->cmd, r->adapters[i], &path, &mult)) {
+        if (runopts_adapter(r->cmd, r->adapters[i], &path, &mult)) {
             ferry_destroy(f);
             return CLI_EXIT_USAGE;
         }

@@ -48,6 +48,11 @@ int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv
 /* Moves every "--group X" / "--group=X" out of ARGV into R (they repeat, so cli_parse cannot
  * take them). Returns 0 or CLI_EXIT_USAGE. */
 int runopts_collect_groups(const char *cmd, runopts *r, int *argc, char **argv);
+/* An adapter argument "PATH" or "PATH:MULT" into a fresh *PATH (free it) and *MULT (1 when not
+ * given). A name that exists as given is taken whole (file names may hold colons); otherwise
+ * what follows the last ':' must be a finite number. 0, or CLI_EXIT_USAGE ("bad multiplier")
+ * after saying why. */
+int runopts_adapter(const char *cmd, const char *spec, char **path, float *mult);
 /* Parses the strings into the policy, budgets and groups; CLI_EXIT_USAGE on a bad value. */
 int runopts_parse(const char *cmd, runopts *r);
 /* Parses only the --group values (for a command with its own plain placement, as bench): each
