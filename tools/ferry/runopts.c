@@ -304,13 +304,13 @@ void runopts_free(runopts *r)
     }
 }
 
-/* The exit status of ferry_add_device's RC on F: a spec that does not parse is a usage error
- * (2); a device that is not there, or fails, is a failure (1). Prints the message. */
-static int device_error(ferry *f, int rc)
+/* The exit status of ferry_add_device's RC on F for option OPT: a spec that does not parse is a
+ * usage error (2); a device that is not there, or fails, is a failure (1). Prints the message. */
+static int device_error(ferry *f, int rc, const char *opt)
 {
     if (!rc)
         return 0;
-    fprintf(stderr, "ferry: --device: %s\n", ferry_errmsg(f));
+    fprintf(stderr, "ferry: %s: %s\n", opt, ferry_errmsg(f));
     return rc == FERRY_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
 }
 
@@ -321,7 +321,7 @@ int runopts_check_device(const char *spec)
     ferry *f = ferry_create(NULL);
     if (!f)
         return cli_error("out of memory");
-    int rc = device_error(f, ferry_add_device(f, spec, NULL));
+    int rc = device_error(f, ferry_add_device(f, spec, NULL), "--device");
     ferry_destroy(f);
     return rc;
 }
@@ -356,7 +356,8 @@ int runopts_split(const char *cmd, const char *split, ferry *f, ferry_policy *po
             *last = 0;
         }
         int dev = 0;
-        if (strcmp(tok, "cpu") != 0 && (rc = device_error(f, ferry_add_device(f, tok, &dev))))
+        if (strcmp(tok, "cpu") != 0 &&
+            (rc = device_error(f, ferry_add_device(f, tok, &dev), "--split")))
             break;
         policy->split_devices[k] = dev;
         policy->split_weights[k] = w;
@@ -449,7 +450,7 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
     }
     int dev = 0, rc;
     if (r->device && strcmp(r->device, "cpu") != 0 &&
-        (rc = device_error(f, ferry_add_device(f, r->device, &dev)))) {
+        (rc = device_error(f, ferry_add_device(f, r->device, &dev), "--device"))) {
         ferry_destroy(f);
         return rc;
     }
