@@ -64,7 +64,8 @@ static const char *first_err_line(char *buf, size_t n)
 }
 
 /* The mixed placement: the embedding lazy, the blocks streamed from the disk, the head kept. */
-#define MIXED "--home disk --group embd=token_embd.*:lazy=on --group head=output*:home=host,load=read"
+#define MIXED                                                                                     \
+    "--home disk --group 'embd=token_embd.*:lazy=on' --group 'head=output*:home=host,load=read'"
 
 static void test_plan_json(const char *model)
 {

@@ -12,11 +12,11 @@
  * (MADV_POPULATE_WRITE, which never changes a byte) ahead of the reads. The reads then go into
  * pages that are already there and mostly huge, and the disk sees one sequential stream.
  *
- * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold cache (bench/load_bench
- * --only ferry-direct, alternating with a standalone reader and a plain O_DIRECT read): 1.52-1.93
- * GB/s in 8 of 9 runs (one at 1.17) against 1.05-1.19 GB/s tensor by tensor into buffers of
- * their own; the O_DIRECT read into one reused huge-page buffer made 1.59-2.31 GB/s. See
- * bench/README.md.
+ * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold
+ * cache (bench/load_bench --only ferry-direct, alternating with a standalone reader and a plain
+ * O_DIRECT read): 1.52-1.93 GB/s in 8 of 9 runs (one at 1.17) against 1.05-1.19 GB/s tensor by
+ * tensor into buffers of their own; the O_DIRECT read into one reused huge-page buffer made
+ * 1.59-2.31 GB/s. See bench/README.md.
  *
  * Lifetime: an arena holds one reference per copy that lives in it plus one for the load that made
  * it; the mapping goes when the last is released. A released copy gives its whole pages back at

@@ -412,7 +412,8 @@ int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const
     if (name)
         snprintf(who, sizeof who, " (tensor '%.120s')", name);
     if (!kept)
-        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: %s%s do not fit in a budget of %s (%s short)",
+        return ferry__fail(&f->err, FERRY_EBUDGET,
+                           "%s: %s%s do not fit in a budget of %s (%s short)",
                            D->d->name, ferry__fmt_size(staged, b1), who,
                            ferry__fmt_size(D->budget, b2), ferry__fmt_size(need - D->budget, b3));
     if (!staged)

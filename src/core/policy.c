@@ -100,8 +100,9 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     /* decided before the cache is looked at, so that ferry_tensor_writable never depends on it */
     t->map_eligible = t->lazy || (t->zero_copy && !staged);
     /* AUTO maps what the page cache holds and reads the rest into private memory with O_DIRECT:
-     * filling the cache through the mapping runs at readahead's pace (1.1-1.35 GB/s on a
-     * virtio disk that reads 1.6 GB/s with O_DIRECT), a direct read into a group load's arena at the disk's (bench/README.md) */
+     * filling the cache through the mapping runs at readahead's pace (1.1-1.35 GB/s on a virtio
+     * disk that reads 1.6 GB/s with O_DIRECT), a direct read into a group load's arena at the
+     * disk's (bench/README.md) */
     t->auto_private = 0;
     if (t->zero_copy && p->load == FERRY_LOAD_AUTO && t->info.nbytes) {
         if (t->comp.state != FERRY__EMPTY || t->host.state != FERRY__EMPTY)

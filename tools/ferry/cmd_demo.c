@@ -462,8 +462,9 @@ static void demo_summary(const char *path)
     printf("\nnext\n");
     printf("  ferry bench %s                 every target, with the machine's limits\n", path);
     printf("  ferry run %s --device sim:64MiB@8GB/s --budget device=32MiB --verify\n", path);
-    printf("  ferry plan %s --home disk --group embd=token_embd.*:lazy=on   where each tensor would "
-           "live\n", path);
+    printf("  ferry plan %s --home disk --group 'embd=token_embd.*:lazy=on'   where each "
+           "tensor would live\n",
+           path);
     printf("  ferry run %s --trace trace.json          open it in Perfetto\n", path);
 }
 

@@ -551,10 +551,10 @@ __attribute__((target("avx2"))) static inline __m256i mul64(__m256i x, uint64_t 
     return _mm256_add_epi64(_mm256_mul_epu32(x, clo), _mm256_slli_epi64(cross, 32));
 }
 
-/* The portable loop of synth_fill_values, 16 values at a time: the same four splitmix64 draws (draw k
- * of the stream mixes *S + (k+1) * gamma), the same 16-bit table indexes in the same order, the
- * same float multiply and add, so the same bits. Returns how many values were done; *S is
- * advanced past the draws used. */
+/* The portable loop of synth_fill_values, 16 values at a time: the same four splitmix64 draws
+ * (draw k of the stream mixes *S + (k+1) * gamma), the same 16-bit table indexes in the same
+ * order, the same float multiply and add, so the same bits. Returns how many values were done;
+ * *S is advanced past the draws used. */
 __attribute__((target("avx2"))) static uint64_t fill_avx2(const float *tab, uint64_t *s, float k,
                                                           float base, float *out, uint64_t n)
 {
