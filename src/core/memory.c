@@ -409,20 +409,23 @@ int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const
         return 0;
     uint64_t need = kept + staged < kept ? UINT64_MAX : kept + staged;
     char b1[32], b2[32], b3[32], b4[32], b5[32], who[160] = "";
+    const char *dflt = D->default_budget ? " (the default: what the host's RAM and memory cgroup "
+                                           "can give, less a margin)"
+                                         : "";
     if (name)
         snprintf(who, sizeof who, " (tensor '%.120s')", name);
     if (!kept)
         return ferry__fail(&f->err, FERRY_EBUDGET,
-                           "%s: %s%s do not fit in a budget of %s (%s short)",
-                           D->d->name, ferry__fmt_size(staged, b1), who,
-                           ferry__fmt_size(D->budget, b2), ferry__fmt_size(need - D->budget, b3));
+                           "%s: %s%s do not fit in a budget of %s%s (%s short)", D->d->name,
+                           ferry__fmt_size(staged, b1), who, ferry__fmt_size(D->budget, b2), dflt,
+                           ferry__fmt_size(need - D->budget, b3));
     if (!staged)
-        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s: %s kept (home copies, never "
-                           "evicted), %s short", D->d->name, ferry__fmt_size(D->budget, b1),
+        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
+                           "evicted), %s short", D->d->name, ferry__fmt_size(D->budget, b1), dflt,
                            ferry__fmt_size(kept, b2), ferry__fmt_size(need - D->budget, b3));
-    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s: %s kept (home copies, never "
+    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
                        "evicted) + %s staged beside them%s = %s, %s short", D->d->name,
-                       ferry__fmt_size(D->budget, b1), ferry__fmt_size(kept, b2),
+                       ferry__fmt_size(D->budget, b1), dflt, ferry__fmt_size(kept, b2),
                        ferry__fmt_size(staged, b3), who, ferry__fmt_size(need, b4),
                        ferry__fmt_size(need - D->budget, b5));
 }
