@@ -69,7 +69,7 @@ static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx
     return 0;
 }
 
-int cmd_generate(int argc, char **argv)
+static int generate_cmd(runopts *rp, int argc, char **argv)
 {
     static const char *help =
         "usage: ferry generate MODEL (--tokens ID,ID,... | --prompt TEXT) [options]\n"
@@ -91,14 +91,11 @@ int cmd_generate(int argc, char **argv)
         "                         generated token but the last\n"
         "  --json                 one JSON object on stdout\n"
         "%s";
-    runopts r;
-    memset(&r, 0, sizeof r);
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
                *logits_path = NULL, *batch_s = NULL;
     int json = 0;
-    cli_opt opts[24];
+    cli_opt opts[16];
     size_t no = 0;
-    runopts_add(&r, opts, &no);
     opts[no++] = (cli_opt){"tokens", 0, CLI_OPT_STRING, &tokens_s};
     opts[no++] = (cli_opt){"prompt", 'p', CLI_OPT_STRING, &prompt};
     opts[no++] = (cli_opt){"n", 'n', CLI_OPT_STRING, &n_s};
@@ -107,10 +104,8 @@ int cmd_generate(int argc, char **argv)
     opts[no++] = (cli_opt){"batch", 0, CLI_OPT_STRING, &batch_s};
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
-    if (runopts_collect_adapters("generate", &r, &argc, argv))
-        return CLI_EXIT_USAGE;
     int npos = 0;
-    int prc = cli_parse("generate", argc, argv, opts, no, &npos);
+    int prc = runopts_parse_args("generate", rp, &argc, argv, opts, no, &npos);
     if (prc == CLI_HELP) {
         printf(help, runopts_help);
         return CLI_EXIT_OK;
@@ -134,9 +129,7 @@ int cmd_generate(int argc, char **argv)
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         threads = c > 0 ? (uint64_t)c : 1;
     }
-    if (runopts_parse("generate", &r))
-        return CLI_EXIT_USAGE;
-    if ((r.device && strcmp(r.device, "cpu") != 0) || r.split)
+    if ((rp->device && strcmp(rp->device, "cpu") != 0) || rp->split)
         return cli_usage_error("generate", "the engine computes on the cpu: --device and --split "
                                            "are for run and bench");
     uint32_t *prompt_ids = malloc(MAX_PROMPT * sizeof *prompt_ids);
@@ -153,9 +146,9 @@ int cmd_generate(int argc, char **argv)
     }
 
     double t_start = cli_now();
-    r.own_groups = embedding_group;
+    rp->own_groups = embedding_group;
     ferry *f;
-    if (runopts_open(&r, argv + 1, npos, &f)) {
+    if (runopts_open(rp, argv + 1, npos, &f)) {
         free(prompt_ids);
         return CLI_EXIT_FAIL;
     }
@@ -198,7 +191,7 @@ int cmd_generate(int argc, char **argv)
         rc = cli_fail(argv[1], err, -1);
         goto out;
     }
-    if (r.lora_mode && strcmp(r.lora_mode, "runtime") == 0)
+    if (rp->lora_mode && strcmp(rp->lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
     const llama_config *c = llama_get_config(m);
     for (long i = 0; i < np; i++)
@@ -349,5 +342,14 @@ out:
     tokenizer_destroy(tok);
     ferry_destroy(f);
     free(prompt_ids);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    runopts r;
+    memset(&r, 0, sizeof r);
+    int rc = generate_cmd(&r, argc, argv);
+    runopts_free(&r);
     return rc;
 }
