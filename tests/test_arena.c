@@ -930,28 +930,77 @@ static int big_model(void)
     return g_big_ok == 1;
 }
 
-/* Bytes of anonymous memory resident in this process: /proc/self/smaps_rollup's "Anonymous",
- * else /proc/self/status's "RssAnon"; -1 when neither can be read. */
+/* The address ranges of the large anonymous mappings that exist before the first test runs: in a
+ * sanitizer build, the runtime's shadow memory and allocator space (terabytes, reserved at start
+ * and faulted in as the program touches its own memory); in a plain build, none. */
+#define RESERVED_MAX 64
+static uintptr_t g_reserved[RESERVED_MAX][2];
+static size_t g_nreserved;
+
+/* Calls FN(lo, hi, anon_kib, arg) for each mapping in /proc/self/smaps (anon_kib: its
+ * "Anonymous:" line, in KiB; pathless: 1 when the mapping names no file). -1 when unreadable. */
+static int smaps_each(void (*fn)(uintptr_t, uintptr_t, int, long long, void *), void *arg)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[1200];
+    uintptr_t lo = 0, hi = 0;
+    int have = 0, pathless = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long a, b;
+        long long kib;
+        char path[1024] = "";
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %1023s", &a, &b, path) >= 2 &&
+            strchr(line, '-') < strchr(line, ' ')) {
+            lo = (uintptr_t)a, hi = (uintptr_t)b, have = 1;
+            pathless = path[0] == 0 || path[0] == '[';
+        } else if (have && sscanf(line, "Anonymous: %lld kB", &kib) == 1) {
+            fn(lo, hi, pathless, kib, arg);
+        }
+    }
+    fclose(fp);
+    return 0;
+}
+
+static void note_reserved(uintptr_t lo, uintptr_t hi, int pathless, long long kib, void *arg)
+{
+    (void)kib, (void)arg;
+    if (pathless && hi - lo >= (UINT64_C(1) << 30) && g_nreserved < RESERVED_MAX) {
+        g_reserved[g_nreserved][0] = lo;
+        g_reserved[g_nreserved][1] = hi;
+        g_nreserved++;
+    }
+}
+
+static void add_unreserved(uintptr_t lo, uintptr_t hi, int pathless, long long kib, void *arg)
+{
+    (void)pathless;
+    for (size_t i = 0; i < g_nreserved; i++)
+        if (lo < g_reserved[i][1] && hi > g_reserved[i][0])
+            return;
+    *(long long *)arg += kib;
+}
+
+/* Records the sanitizer runtime's reservations; called first thing in main. */
+static void reserved_init(void)
+{
+    if (smaps_each(note_reserved, NULL) == 0 && SANITIZED)
+        fprintf(stderr, "anonymous memory is measured outside the %zu large mappings the "
+                        "sanitizer runtime made before main (its shadow and heap)\n",
+                g_nreserved);
+}
+
+/* Bytes of anonymous memory resident in this process outside the ranges reserved_init found: the
+ * sum of /proc/self/smaps' "Anonymous" (in a plain build, what smaps_rollup says); -1 when it
+ * cannot be read. Memory the sanitizer's allocator hands out is not counted, but ferry maps its
+ * host copies and arenas itself, so those are. */
 static int64_t anon_resident(void)
 {
-    static const struct {
-        const char *path, *key;
-    } src[] = {{"/proc/self/smaps_rollup", "Anonymous:"}, {"/proc/self/status", "RssAnon:"}};
-    for (size_t s = 0; s < sizeof src / sizeof src[0]; s++) {
-        FILE *fp = fopen(src[s].path, "r");
-        if (!fp)
-            continue;
-        char line[256];
-        long long kib = -1;
-        size_t klen = strlen(src[s].key);
-        while (kib < 0 && fgets(line, sizeof line, fp))
-            if (strncmp(line, src[s].key, klen) == 0)
-                kib = strtoll(line + klen, NULL, 10);
-        fclose(fp);
-        if (kib >= 0)
-            return (int64_t)kib * 1024;
-    }
-    return -1;
+    long long kib = 0;
+    if (smaps_each(add_unreserved, &kib) < 0)
+        return -1;
+    return (int64_t)kib * 1024;
 }
 
 /* Resident bytes of the whole pages inside [P, P+N) (mincore: the range must be mapped);
@@ -1541,6 +1590,7 @@ static void test_adapter_during_arena_read(void)
 
 int main(int argc, char **argv)
 {
+    reserved_init();
     alarm(SANITIZED ? 240 : 60); /* a deadlock ends the run instead of hanging it */
     const char *dir = check_tmpdir("arena");
     snprintf(g_path, sizeof g_path, "%s/model.gguf", dir);
