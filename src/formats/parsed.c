@@ -197,16 +197,22 @@ int ferry__parsed_check(ferry__parsed *p, const char *path, uint64_t file_size, 
     ferry__hmap_free(&names);
     if (p->n_tensors > 1)
         qsort(p->tensors, p->n_tensors, sizeof *p->tensors, by_offset);
-    for (size_t i = 1; i < p->n_tensors; i++) {
-        const ferry__tdesc *a = &p->tensors[i - 1], *b = &p->tensors[i];
-        /* Zero-byte tensors occupy nothing and overlap nothing. */
-        if (a->nbytes && b->nbytes && a->offset + a->nbytes > b->offset)
+    /* In offset order, each non-empty tensor starts at or after the furthest end of those before
+     * it: the end of the last non-empty one, as long as none overlapped. Zero-byte tensors occupy
+     * nothing and overlap nothing, so they neither advance nor hide that end. */
+    const ferry__tdesc *far = NULL;
+    for (size_t i = 0; i < p->n_tensors; i++) {
+        const ferry__tdesc *a = far, *b = &p->tensors[i];
+        if (!b->nbytes)
+            continue;
+        if (a && a->offset + a->nbytes > b->offset)
             return ferry__fail(e, FERRY_EOVERLAP,
                                "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", path,
                                a->name, (unsigned long long)a->offset,
                                (unsigned long long)(a->offset + a->nbytes), b->name,
                                (unsigned long long)b->offset,
                                (unsigned long long)(b->offset + b->nbytes));
+        far = b;
     }
     return 0;
 }

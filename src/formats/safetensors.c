@@ -230,6 +230,11 @@ int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const cha
                 goto done;
             continue;
         }
+        if (!root.keys[i][0]) {
+            /* as in GGUF: a name no pattern or lookup can tell apart from "none" */
+            rc = ferry__fail(e, FERRY_EFORMAT, "%s: safetensors: empty tensor name", path);
+            goto done;
+        }
         if ((rc = parse_tensor(root.keys[i], &root.items[i], path, out->data_offset, out, e)))
             goto done;
         root.keys[i] = NULL; /* the name moved into OUT */

@@ -46,20 +46,21 @@ def gval(t, v):
 
 def gguf(kvs, tensors, version=3, align=32, n_tensors=None, n_kv=None, data=None, tail=b""):
     """kvs: [(key, type, value)]; tensors: [(name, [ne...], type_id)] placed one after another,
-    each aligned. Returns the file bytes (data zero-filled unless DATA given)."""
+    each aligned, or [(name, [ne...], type_id, offset)] placed at OFFSET. Returns the file bytes
+    (data zero-filled unless DATA given)."""
     out = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
                                 len(kvs) if n_kv is None else n_kv)
     for k, t, v in kvs:
         out += gstr(k) + struct.pack("<I", t) + gval(t, v)
     off = 0
     sizes = []
-    for name, ne, tid in tensors:
+    for name, ne, tid, *at in tensors:
         _, be, bb = GT.get(tid, ("?", 1, 1))
         n = 1
         for d in ne:
             n *= d
         size = (n // be) * bb
-        off = (off + align - 1) // align * align
+        off = at[0] if at else (off + align - 1) // align * align
         out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<q", d) for d in ne)
         out += struct.pack("<IQ", tid, off)
         sizes.append((off, size))
@@ -141,6 +142,12 @@ def gguf_corpus():
         (ARR, [(ARR, [(U8, [1])])])])])])])])])]))], [])
     c["bad_ndim9.gguf"] = gguf([], [("t", [1] * 9, 0)])
     c["bad_data_short.gguf"] = gguf([], tensors[:2])[:-5]
+    # an empty tensor placed inside the first one, before the second that overlaps it
+    c["bad_overlap_behind_empty.gguf"] = gguf([], [("a", [64], 0, 0), ("e", [0], 0, 128),
+                                                   ("c", [16], 0, 160)])
+    c["v3_empty_rows.gguf"] = gguf([], [("a.weight", [64, 4], 0), ("empty.weight", [64, 0], 0),
+                                        ("empty1d", [0], 0)])
+    c["bad_empty_name.gguf"] = gguf([], [("", [4], 0)])
     return c
 
 
@@ -194,6 +201,15 @@ def st_corpus():
     c["bad_overlap.safetensors"] = st([], raw_header='{"a":{"dtype":"U8","shape":[4],'
                                       '"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
                                       '"data_offsets":[2,6]}}', data_len=6)
+    c["bad_overlap_behind_empty.safetensors"] = st([], raw_header='{"a":{"dtype":"U8","shape":'
+                                                   '[8],"data_offsets":[0,8]},"e":{"dtype":"U8",'
+                                                   '"shape":[0],"data_offsets":[4,4]},"c":{"dtype"'
+                                                   ':"U8","shape":[2],"data_offsets":[6,8]}}',
+                                                   data_len=8)
+    c["empty_rows.safetensors"] = st([("a.weight", "F32", [4, 64], 1024),
+                                      ("empty.weight", "F32", [0, 64], 0),
+                                      ("empty1d", "F32", [0], 0)])
+    c["bad_empty_name.safetensors"] = st([("", "F32", [4], 16)])
     c["bad_meta_number.safetensors"] = st([], {"epochs": 3})
     c["bad_numbers.safetensors"] = st([], raw_header='{"a":{"dtype":"F32","shape":[1.5e3,01,-0],'
                                       '"data_offsets":[0,1e2]}}')

@@ -300,8 +300,8 @@ static void compute_sets(bench *b, layer_set *sets, size_t from, size_t to)
         for (size_t i = 0; i < sets[s].n; i++) {
             ferry_tensor_info info;
             ferry_tensor_get_info(sets[s].t[i], &info);
-            if (info.ndim < 2)
-                continue;
+            if (info.ndim < 2 || !info.n_rows || !info.row_elems)
+                continue; /* a vector, or an empty weight: no product to take */
             if (ferry_matvec(ferry_tensor_dtype(sets[s].t[i]), ferry_tensor_data(sets[s].t[i]),
                              info.n_rows, info.row_elems, b->x, b->y) == 0)
                 b->checksum += b->y[0] + b->y[info.n_rows - 1];

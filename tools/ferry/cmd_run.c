@@ -271,8 +271,8 @@ int cmd_run(int argc, char **argv)
             for (size_t i = 0; i < ls->n && compute; i++) {
                 ferry_tensor_info info;
                 ferry_tensor_get_info(ls->t[i], &info);
-                if (info.ndim < 2)
-                    continue;
+                if (info.ndim < 2 || !info.n_rows || !info.row_elems)
+                    continue; /* a vector, or an empty weight: no product to take */
                 if (ferry_matvec(ferry_tensor_dtype(ls->t[i]), ferry_tensor_data(ls->t[i]),
                                  info.n_rows, info.row_elems, x, y) == 0)
                     checksum += y[0] + y[info.n_rows - 1];
