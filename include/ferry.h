@@ -886,7 +886,10 @@ FERRY_API int ferry_get_stats(const ferry *f, ferry_stats *out);
  * ------------------------------------------------------------------------------------------- */
 
 /* Starts recording events; they are written to PATH by ferry_trace_stop (or ferry_destroy).
- * FERRY_EBUSY while another trace is being recorded (stop it first). */
+ * FERRY_EBUSY while another trace is being recorded (stop it first).
+ * A regular file at PATH (or none yet) is replaced whole through a temporary file beside it and a
+ * rename (through a symbolic link, its target is replaced); anything else (a FIFO, a terminal) is
+ * written in place, never replaced. */
 FERRY_API int ferry_trace_start(ferry *f, const char *path);
 /* Adds an engine event NAME (category CAT) that ran from T0 to T1, seconds of ferry_now(). */
 FERRY_API void ferry_trace_event(ferry *f, const char *name, const char *cat, double t0, double t1);

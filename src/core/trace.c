@@ -4,9 +4,14 @@
  * chrome://tracing open. Recording is off unless ferry_trace_start was called; then each event
  * costs a lock and an append.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "dtype/dtype.h"
@@ -163,9 +168,44 @@ static void put_str(FILE *out, const char *s)
     fputc('"', out);
 }
 
+/* Opens the file the trace goes to: for a regular file (or none yet) a temporary file beside
+ * it (*TMP, renamed onto *DEST when complete, so that a reader never sees half a trace and a
+ * link keeps naming the trace); anything else (a FIFO, a terminal) is written in place. */
+static FILE *trace_open(const char *path, char **tmp, char **dest)
+{
+    struct stat st;
+    *tmp = *dest = NULL;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fopen(path, "w");
+    char *real = realpath(path, NULL); /* NULL when it does not exist yet */
+    *dest = real ? real : ferry__strdup(path);
+    int fd = -1;
+    static _Atomic unsigned serial;
+    /* created exclusively, 0666 less the umask, as the model writer does */
+    for (int attempt = 0; *dest && fd < 0 && attempt < 100; attempt++) {
+        free(*tmp);
+        *tmp = ferry__asprintf("%s.tmp.%ld.%u", *dest, (long)getpid(), serial++);
+        fd = *tmp ? open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666) : -1;
+        if (fd < 0 && errno != EEXIST && errno != EINTR)
+            break;
+    }
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!out) {
+        if (fd >= 0) {
+            close(fd);
+            unlink(*tmp);
+        }
+        free(*tmp), free(*dest);
+        *tmp = *dest = NULL;
+        return NULL;
+    }
+    return out;
+}
+
 int ferry__trace_write(ferry *f, ferry__trace *tr)
 {
-    FILE *out = fopen(tr->path, "w");
+    char *tmp, *dest;
+    FILE *out = trace_open(tr->path, &tmp, &dest);
     if (!out)
         return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
     fprintf(out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
@@ -182,7 +222,14 @@ int ferry__trace_write(ferry *f, ferry__trace *tr)
     }
     pthread_mutex_unlock(&tr->lock);
     fprintf(out, "\n]}\n");
-    if (fclose(out) != 0)
+    int bad = ferror(out) != 0;
+    bad |= fclose(out) != 0;
+    if (tmp && !bad)
+        bad = rename(tmp, dest) != 0;
+    if (tmp && bad)
+        unlink(tmp);
+    free(tmp), free(dest);
+    if (bad)
         return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,6 +152,66 @@ int cli_error(const char *fmt, ...)
     va_end(ap);
     fputc('\n', stderr);
     return CLI_EXIT_FAIL;
+}
+
+/* ---- outputs ------------------------------------------------------------------------------- */
+
+static const char *kind_of(mode_t m)
+{
+    return S_ISDIR(m)    ? "a folder"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+/* 1 when PATH exists and is the file whose stat is OS. */
+static int same_file(const char *path, const struct stat *os)
+{
+    struct stat si;
+    return stat(path, &si) == 0 && si.st_dev == os->st_dev && si.st_ino == os->st_ino;
+}
+
+int cli_check_output(const char *cmd, const char *what, const char *out,
+                     const char *const *inputs, size_t n, const ferry_catalog *c, char **real)
+{
+    *real = NULL;
+    struct stat ls, os;
+    if (lstat(out, &ls) != 0) {
+        if (errno != ENOENT)
+            return cli_error("%s %s: %s", what, out, strerror(errno));
+        return (*real = strdup(out)) ? 0 : cli_error("out of memory");
+    }
+    if (S_ISLNK(ls.st_mode)) {
+        /* written through: the link keeps naming the (new) file */
+        if (stat(out, &os) != 0)
+            return cli_usage_error(cmd, "%s %s: a symbolic link to nothing (%s); name the file "
+                                   "to write", what, out, strerror(errno));
+        *real = realpath(out, NULL);
+        if (!*real)
+            return cli_error("%s %s: cannot resolve the link: %s", what, out, strerror(errno));
+    } else {
+        os = ls;
+        if (!(*real = strdup(out)))
+            return cli_error("out of memory");
+    }
+    const char *input = NULL;
+    for (size_t i = 0; !input && i < n; i++)
+        if (inputs[i] && same_file(inputs[i], &os))
+            input = inputs[i];
+    for (size_t i = 0; !input && c && i < ferry_catalog_file_count(c); i++)
+        if (same_file(ferry_catalog_file_path(c, i), &os))
+            input = ferry_catalog_file_path(c, i);
+    if (!input && S_ISREG(os.st_mode))
+        return 0;
+    free(*real);
+    *real = NULL;
+    if (input)
+        return cli_usage_error(cmd, "%s %s is the same file as the input %s; write to another "
+                               "file", what, out, input);
+    return cli_usage_error(cmd, "%s %s is %s; only a regular file is replaced", what, out,
+                           kind_of(os.st_mode));
 }
 
 /* ---- output helpers ------------------------------------------------------------------------ */

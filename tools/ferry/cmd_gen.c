@@ -6,6 +6,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include "cli.h"
@@ -93,14 +94,19 @@ static int gen_lora(const char *base, const char *out, const char *rank, const c
         return cli_usage_error("gen", "--scheme: '%s' is not peft, kohya or gguf", scheme);
     if (!scheme)
         scheme = ends_with(out, ".gguf") ? "gguf" : "peft";
-    struct stat st, bst;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
-        return cli_error("%s: is a folder; -o names the adapter file to write", out);
-    if (stat(out, &st) == 0 && stat(base, &bst) == 0 && st.st_dev == bst.st_dev &&
-        st.st_ino == bst.st_ino)
-        return cli_usage_error("gen", "-o %s is the base model itself; the adapter needs a file "
-                               "of its own", out);
-    return ferry_gen_lora(base, out, (unsigned)r, scheme, sd, quiet);
+    /* the adapter may replace none of the base's files (all shards of an index) */
+    ferry_catalog *c = ferry_catalog_create();
+    if (c && ferry_catalog_add(c, base, NULL) != 0) {
+        ferry_catalog_destroy(c);
+        c = NULL; /* ferry_gen_lora reports why BASE does not open */
+    }
+    char *real = NULL;
+    rc = cli_check_output("gen", "-o", out, &base, 1, c, &real);
+    ferry_catalog_destroy(c);
+    if (rc == 0)
+        rc = ferry_gen_lora(base, real, (unsigned)r, scheme, sd, quiet);
+    free(real);
+    return rc;
 }
 
 static int dim_arg(const char *opt, const char *s, uint32_t max, uint32_t *out)
@@ -283,13 +289,14 @@ int cmd_gen(int argc, char **argv)
         return CLI_EXIT_OK;
     }
 
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+    char *real = NULL;
+    if ((rc = cli_check_output("gen", "-o", out, NULL, 0, NULL, &real)) != 0) {
         synth_free(&m);
-        return cli_error("%s: is a folder; -o names the model file to write", out);
+        return rc;
     }
     double t0 = cli_now();
-    rc = synth_write(&m, out, !quiet && !json);
+    rc = synth_write(&m, real, !quiet && !json);
+    free(real);
     double secs = cli_now() - t0;
     if (rc == 0) {
         if (json)

@@ -119,19 +119,6 @@ typedef struct merge_adapter {
     int id;
 } merge_adapter;
 
-/* Whether OUT is one of the files of the catalog (same device and inode). */
-static int is_input(const ferry_catalog *c, const char *out)
-{
-    struct stat so, si;
-    if (stat(out, &so) != 0)
-        return 0;
-    for (size_t i = 0; i < ferry_catalog_file_count(c); i++)
-        if (stat(ferry_catalog_file_path(c, i), &si) == 0 && si.st_dev == so.st_dev &&
-            si.st_ino == so.st_ino)
-            return 1;
-    return 0;
-}
-
 /* Adds the adapters to F (merge mode, required), warns about pairs that match nothing and fails
  * on an adapter that matches nothing at all. */
 static int add_adapters(ferry *f, const char *base, merge_adapter *ad, int n)
@@ -279,13 +266,9 @@ static int lora_merge(int argc, char **argv)
     ferry *f = NULL;
     ferry_writer *w = NULL;
     ferry_tensor **ts = NULL;
+    char *real = NULL; /* the file written: OUT, or the target of the link OUT */
     if (rc)
         goto done;
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
-        rc = cli_error("%s: is a folder; -o names the model file to write", out);
-        goto done;
-    }
     if (!(f = ferry_create(NULL))) {
         rc = cli_error("out of memory");
         goto done;
@@ -295,11 +278,12 @@ static int lora_merge(int argc, char **argv)
         goto done;
     }
     const ferry_catalog *c = ferry_catalog_of(f);
-    if (is_input(c, out)) {
-        rc = cli_usage_error("lora merge", "%s is the base model; write the merge to another file",
-                             out);
+    /* neither the base (any of its files) nor an adapter may be replaced by the merge */
+    const char *inputs[RUNOPTS_MAX_ADAPTERS];
+    for (int i = 0; i < nad; i++)
+        inputs[i] = ad[i].path;
+    if ((rc = cli_check_output("lora merge", "-o", out, inputs, (size_t)nad, c, &real)) != 0)
         goto done;
-    }
     if (fmt == FERRY_FORMAT_UNKNOWN)
         fmt = ferry_catalog_file_format(c, 0);
     /* One weight at a time from the file, never lazy (a lazy weight cannot take a merge);
@@ -336,7 +320,7 @@ static int lora_merge(int argc, char **argv)
     if ((rc = copy_meta(c, w, fmt)) != 0 || (rc = declare_tensors(c, w, fmt)) != 0)
         goto done;
     double t0 = cli_now();
-    if (ferry_writer_begin(w, out)) {
+    if (ferry_writer_begin(w, real)) {
         rc = cli_fail(out, ferry_writer_errmsg(w), -1);
         goto done;
     }
@@ -357,6 +341,7 @@ static int lora_merge(int argc, char **argv)
     }
 done:
     ferry_writer_destroy(w); /* an unfinished temporary file goes with it */
+    free(real);
     free(ts);
     ferry_destroy(f);
     for (int i = 0; i < nad; i++)

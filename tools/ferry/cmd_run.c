@@ -217,6 +217,7 @@ int cmd_run(int argc, char **argv)
     layer_set *sets = NULL;
     size_t nsets = 0;
     float *x = NULL, *y = NULL;
+    char *trace_real = NULL; /* the trace file written: TRACE, or the target of the link TRACE */
     pass_stat *ps = calloc(passes, sizeof *ps);
     if (!ps || build_sets(f, &sets, &nsets)) {
         rc = CLI_EXIT_FAIL;
@@ -226,9 +227,26 @@ int cmd_run(int argc, char **argv)
         rc = cli_error("%s", ferry_errmsg(f));
         goto out;
     }
-    if (trace && ferry_trace_start(f, trace)) {
-        rc = cli_error("%s", ferry_errmsg(f));
-        goto out;
+    if (trace) {
+        /* the trace may replace neither a model file nor an adapter ("PATH" or "PATH:MULT") */
+        char *ins[2 * RUNOPTS_MAX_ADAPTERS];
+        size_t nin = 0;
+        for (int i = 0; i < r.n_adapters; i++) {
+            const char *colon = strrchr(r.adapters[i], ':');
+            ins[nin++] = strdup(r.adapters[i]);
+            if (colon && (ins[nin] = strdup(r.adapters[i])) != NULL)
+                ins[nin++][colon - r.adapters[i]] = 0;
+        }
+        rc = cli_check_output("run", "--trace", trace, (const char *const *)ins, nin,
+                              ferry_catalog_of(f), &trace_real);
+        for (size_t i = 0; i < nin; i++)
+            free(ins[i]);
+        if (rc)
+            goto out;
+        if (ferry_trace_start(f, trace_real)) {
+            rc = cli_error("%s", ferry_errmsg(f));
+            goto out;
+        }
     }
     /* The vector and the result: as long as the longest row and the most rows. */
     uint64_t max_cols = 1, max_rows = 1;
@@ -380,6 +398,7 @@ int cmd_run(int argc, char **argv)
     (void)checksum;
 out:
     free_sets(sets);
+    free(trace_real);
     free(ps);
     free(x);
     free(y);
