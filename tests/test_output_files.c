@@ -3,8 +3,8 @@
  * `run --trace`) may replace: never one of the command's own inputs, whatever the spelling (a hard
  * link, a symbolic link, "dir/../name"), compared by device and inode; never anything but a
  * regular file (a folder, FIFO, socket or device node stays what it was); a symbolic link to a
- * regular file is written through, the link kept. Refusals are usage errors (exit 2) and leave
- * every file as it was.
+ * regular file is written through, the link kept. An input named as output is a usage error
+ * (exit 2), a special file a failure (exit 1); both leave every file as it was.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -51,17 +51,17 @@ static mode_t kind(const char *path)
     return lstat(path, &st) == 0 ? (st.st_mode & S_IFMT) : 0;
 }
 
-/* A refused write: exit 2, the message names the output, BASE and ADAPTER unchanged. */
-static void expect_refused(int rc, const char *out, const char *must_say)
+/* A refused write: exit CODE, the message names the output, BASE and ADAPTER unchanged. */
+static void expect_code(int rc, int code, const char *out, const char *must_say)
 {
     static uint64_t h_base, h_ad;
     if (!h_base) {
         h_base = hash_file(g_base);
         h_ad = hash_file(g_ad);
     }
-    if (rc != 2)
+    if (rc != code)
         fprintf(stderr, "-o %s: exit %d, stderr: %s\n", out, rc, err_text);
-    CHECK_EQ_INT(rc, 2);
+    CHECK_EQ_INT(rc, code);
     CHECK(strstr(err_text, out) != NULL);
     if (must_say && !strstr(err_text, must_say))
         fprintf(stderr, "-o %s: '%s' does not say '%s'\n", out, err_text, must_say);
@@ -70,12 +70,24 @@ static void expect_refused(int rc, const char *out, const char *must_say)
     CHECK(hash_file(g_ad) == h_ad);
 }
 
+/* An output that is an input: a usage error. */
+static void expect_refused(int rc, const char *out, const char *must_say)
+{
+    expect_code(rc, 2, out, must_say);
+}
+
+/* An output that is not a regular file: a failure. */
+static void expect_kept(int rc, const char *out, const char *must_say)
+{
+    expect_code(rc, 1, out, must_say);
+}
+
 /* Outputs that are inputs. */
 static void test_inputs(void)
 {
     const char *merge = "lora merge '%s' -a '%s' -o '%s' -q";
     /* the adapter itself, and through a hard link, a symbolic link and a roundabout spelling */
-    expect_refused(run(merge, g_base, g_ad, g_ad), g_ad, "same file");
+    expect_refused(run(merge, g_base, g_ad, g_ad), g_ad, "the adapter");
     const char *hard = path_in("ad_hard.safetensors"), *soft = path_in("ad_soft.safetensors");
     CHECK_EQ_INT(link(g_ad, hard), 0);
     CHECK_EQ_INT(symlink(g_ad, soft), 0);
@@ -90,7 +102,7 @@ static void test_inputs(void)
     snprintf(admul, sizeof admul, "%s:0.5", g_ad);
     expect_refused(run(merge, g_base, admul, hard), hard, "same file");
     /* the base, as before */
-    expect_refused(run(merge, g_base, g_ad, g_base), g_base, "same file");
+    expect_refused(run(merge, g_base, g_ad, g_base), g_base, "base model");
     /* gen --lora: the base, through a hard link */
     const char *bhard = path_in("base_hard.gguf");
     CHECK_EQ_INT(link(g_base, bhard), 0);
@@ -107,15 +119,15 @@ static void test_special(void)
 {
     const char *fifo = path_in("fifo.gguf");
     CHECK_EQ_INT(mkfifo(fifo, 0600), 0);
-    expect_refused(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", fifo), fifo, "FIFO");
-    expect_refused(run("gen --lora '%s' -o '%s' -q", g_base, fifo), fifo, "FIFO");
-    expect_refused(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, fifo), fifo, "FIFO");
-    expect_refused(run("run -q --passes 1 --trace '%s' '%s'", fifo, g_base), fifo, "FIFO");
+    expect_kept(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", fifo), fifo, "FIFO");
+    expect_kept(run("gen --lora '%s' -o '%s' -q", g_base, fifo), fifo, "FIFO");
+    expect_kept(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, fifo), fifo, "FIFO");
+    expect_kept(run("run -q --passes 1 --trace '%s' '%s'", fifo, g_base), fifo, "FIFO");
     CHECK(kind(fifo) == S_IFIFO);
     /* a symbolic link to a FIFO is judged by what it names */
     const char *to_fifo = path_in("to_fifo.gguf");
     CHECK_EQ_INT(symlink(fifo, to_fifo), 0);
-    expect_refused(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", to_fifo), to_fifo,
+    expect_kept(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", to_fifo), to_fifo,
                    "FIFO");
     CHECK(kind(to_fifo) == S_IFLNK && kind(fifo) == S_IFIFO);
 
@@ -127,7 +139,7 @@ static void test_special(void)
     if (strlen(sock) < sizeof sa.sun_path && s >= 0) {
         memcpy(sa.sun_path, sock, strlen(sock) + 1);
         CHECK_EQ_INT(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
-        expect_refused(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", sock), sock,
+        expect_kept(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", sock), sock,
                        "socket");
         CHECK(kind(sock) == S_IFSOCK);
     } else {
@@ -139,9 +151,9 @@ static void test_special(void)
     /* a character device like /dev/null (made here, never the real one) */
     const char *dev = path_in("null.gguf");
     if (mknod(dev, S_IFCHR | 0600, makedev(1, 3)) == 0) {
-        expect_refused(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", dev), dev,
+        expect_kept(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", dev), dev,
                        "character device");
-        expect_refused(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, dev), dev,
+        expect_kept(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, dev), dev,
                        "character device");
         CHECK(kind(dev) == S_IFCHR);
     } else {
@@ -150,8 +162,8 @@ static void test_special(void)
     /* a folder */
     const char *dir = path_in("folder.gguf");
     CHECK_EQ_INT(mkdir(dir, 0700), 0);
-    expect_refused(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, dir), dir, "folder");
-    expect_refused(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", dir), dir, "folder");
+    expect_kept(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, dir), dir, "folder");
+    expect_kept(run("gen -o '%s' --layers 1 --dim 64 --vocab 64 -q", dir), dir, "folder");
     CHECK(kind(dir) == S_IFDIR);
 }
 

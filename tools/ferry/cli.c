@@ -174,7 +174,8 @@ static int same_file(const char *path, const struct stat *os)
 }
 
 int cli_check_output(const char *cmd, const char *what, const char *out,
-                     const char *const *inputs, size_t n, const ferry_catalog *c, char **real)
+                     const char *const *inputs, size_t n, const char *inputs_are,
+                     const ferry_catalog *c, const char *catalog_is, char **real)
 {
     *real = NULL;
     struct stat ls, os;
@@ -186,8 +187,8 @@ int cli_check_output(const char *cmd, const char *what, const char *out,
     if (S_ISLNK(ls.st_mode)) {
         /* written through: the link keeps naming the (new) file */
         if (stat(out, &os) != 0)
-            return cli_usage_error(cmd, "%s %s: a symbolic link to nothing (%s); name the file "
-                                   "to write", what, out, strerror(errno));
+            return cli_error("%s %s: a symbolic link to nothing (%s); name the file to write",
+                             what, out, strerror(errno));
         *real = realpath(out, NULL);
         if (!*real)
             return cli_error("%s %s: cannot resolve the link: %s", what, out, strerror(errno));
@@ -196,22 +197,22 @@ int cli_check_output(const char *cmd, const char *what, const char *out,
         if (!(*real = strdup(out)))
             return cli_error("out of memory");
     }
-    const char *input = NULL;
+    const char *input = NULL, *role = NULL;
     for (size_t i = 0; !input && i < n; i++)
         if (inputs[i] && same_file(inputs[i], &os))
-            input = inputs[i];
+            input = inputs[i], role = inputs_are;
     for (size_t i = 0; !input && c && i < ferry_catalog_file_count(c); i++)
         if (same_file(ferry_catalog_file_path(c, i), &os))
-            input = ferry_catalog_file_path(c, i);
+            input = ferry_catalog_file_path(c, i), role = catalog_is;
     if (!input && S_ISREG(os.st_mode))
         return 0;
     free(*real);
     *real = NULL;
     if (input)
-        return cli_usage_error(cmd, "%s %s is the same file as the input %s; write to another "
-                               "file", what, out, input);
-    return cli_usage_error(cmd, "%s %s is %s; only a regular file is replaced", what, out,
-                           kind_of(os.st_mode));
+        return cli_usage_error(cmd, "%s %s is the same file as the %s %s; write to another file",
+                               what, out, role ? role : "input", input);
+    return cli_error("%s %s is %s; only a regular file is replaced", what, out,
+                     kind_of(os.st_mode));
 }
 
 /* ---- output helpers ------------------------------------------------------------------------ */

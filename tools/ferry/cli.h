@@ -77,15 +77,16 @@ int cli_fail(const char *path, const char *msg, int code);
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Checks OUT, a file command CMD is about to write (a temporary file beside it, then a rename
- * onto it). Refused when it exists and is not a regular file (a folder, device node, FIFO or
- * socket: a rename would replace it), or when it is the same file (device and inode, so any
- * spelling or hard link) as one of the N paths of INPUTS or one of the files of catalog C (when
- * not NULL). A symbolic link is followed: the file written is its target, whose path *REAL then
- * holds; otherwise *REAL is a copy of OUT (malloc'd either way; the caller frees it). 0, or
- * CLI_EXIT_USAGE after printing why (WHAT names OUT's option, e.g. "-o"), or CLI_EXIT_FAIL when
- * OUT cannot be examined. */
+ * onto it). When it is the same file (device and inode, so any spelling or hard link) as one of
+ * the N paths of INPUTS (each one INPUTS_ARE, e.g. "adapter") or one of the files of catalog C
+ * (when not NULL; CATALOG_IS, e.g. "base model"): CLI_EXIT_USAGE. When it exists and is not a
+ * regular file (a folder, device node, FIFO or socket, which a rename would replace):
+ * CLI_EXIT_FAIL. A symbolic link is followed: the file written is its target, whose path *REAL
+ * then holds; otherwise *REAL is a copy of OUT (malloc'd either way; the caller frees it). 0, or
+ * the exit status after printing why (WHAT names OUT's option, e.g. "-o"). */
 int cli_check_output(const char *cmd, const char *what, const char *out,
-                     const char *const *inputs, size_t n, const ferry_catalog *c, char **real);
+                     const char *const *inputs, size_t n, const char *inputs_are,
+                     const ferry_catalog *c, const char *catalog_is, char **real);
 
 /* ---- output helpers ------------------------------------------------------------------------ */
 

@@ -101,7 +101,8 @@ static int gen_lora(const char *base, const char *out, const char *rank, const c
         c = NULL; /* ferry_gen_lora reports why BASE does not open */
     }
     char *real = NULL;
-    rc = cli_check_output("gen", "-o", out, &base, 1, c, &real);
+    rc = cli_check_output("gen", "-o", out, &base, 1, "base model", c, "base model",
+                          &real);
     ferry_catalog_destroy(c);
     if (rc == 0)
         rc = ferry_gen_lora(base, real, (unsigned)r, scheme, sd, quiet);
@@ -290,7 +291,7 @@ int cmd_gen(int argc, char **argv)
     }
 
     char *real = NULL;
-    if ((rc = cli_check_output("gen", "-o", out, NULL, 0, NULL, &real)) != 0) {
+    if ((rc = cli_check_output("gen", "-o", out, NULL, 0, NULL, NULL, NULL, &real)) != 0) {
         synth_free(&m);
         return rc;
     }

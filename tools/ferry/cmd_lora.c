@@ -282,7 +282,8 @@ static int lora_merge(int argc, char **argv)
     const char *inputs[RUNOPTS_MAX_ADAPTERS];
     for (int i = 0; i < nad; i++)
         inputs[i] = ad[i].path;
-    if ((rc = cli_check_output("lora merge", "-o", out, inputs, (size_t)nad, c, &real)) != 0)
+    if ((rc = cli_check_output("lora merge", "-o", out, inputs, (size_t)nad, "adapter", c,
+                                "base model", &real)) != 0)
         goto done;
     if (fmt == FERRY_FORMAT_UNKNOWN)
         fmt = ferry_catalog_file_format(c, 0);

@@ -238,7 +238,7 @@ int cmd_run(int argc, char **argv)
                 ins[nin++][colon - r.adapters[i]] = 0;
         }
         rc = cli_check_output("run", "--trace", trace, (const char *const *)ins, nin,
-                              ferry_catalog_of(f), &trace_real);
+                              "adapter", ferry_catalog_of(f), "model", &trace_real);
         for (size_t i = 0; i < nin; i++)
             free(ins[i]);
         if (rc)
