@@ -255,7 +255,7 @@ static void test_errors(void)
          FERRY_EDUP, NULL},
         {"{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
          "\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
-         2, FERRY_EDUP, "\"t\""},
+         2, FERRY_EDUP, "'t'"},
         /* dtype */
         {"{\"t\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, FERRY_EDTYPE,
          "F17"},

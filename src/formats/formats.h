@@ -153,6 +153,15 @@ typedef struct ferry__json {
 int ferry__json_parse(const char *text, size_t len, const char *path, ferry__json *out,
                       ferry__err *e);
 void ferry__json_free(ferry__json *j);
+/* Parses TEXT, which must be one JSON object (FERRY_EFORMAT otherwise), without building it
+ * whole: each member goes to FN(KEY, VALUE, AT, ARG) as soon as its value is parsed (AT: the key's
+ * byte offset), so that memory stays that of one member. FN owns KEY (malloc'd) and *VALUE (free
+ * with ferry__json_free) whatever it returns; a nonzero return ends the parse and is returned.
+ * The members' keys are not checked for duplicates (FN sees every one); everything else is as in
+ * ferry__json_parse. */
+typedef int (*ferry__json_member_fn)(char *key, ferry__json *value, size_t at, void *arg);
+int ferry__json_parse_members(const char *text, size_t len, const char *path,
+                              ferry__json_member_fn fn, void *arg, ferry__err *e);
 /* Member KEY of object O, or NULL. Linear scan. */
 const ferry__json *ferry__json_get(const ferry__json *o, const char *key);
 /* A NUMBER that is a non-negative integer up to 2^64-1: 0 and *out, FERRY_EJSON otherwise. */

@@ -122,6 +122,9 @@ typedef struct jparser {
     /* Scratch for decoding one string. */
     unsigned char *sb;
     size_t cap_sb;
+    /* ferry__json_parse_members: the root object's members go to this callback, not the DOM */
+    ferry__json_member_fn member_fn;
+    void *member_arg;
 } jparser;
 
 static int jfail(jparser *p, int code, size_t at, const char *fmt, ...)
@@ -462,6 +465,26 @@ static int parse_array(jparser *p, ferry__json *out, int depth)
     return close_container(p, out, vbase, 0, 0);
 }
 
+/* A member of the root object in ferry__json_parse_members: its value parsed, then the key K
+ * (at byte AT) and the value handed to the callback, which owns both from then on. */
+static int stream_member(jparser *p, char *k, size_t at, int depth)
+{
+    skip_ws(p);
+    if (p->pos >= p->len || p->s[p->pos] != ':') {
+        int rc = jfail(p, FERRY_EJSON, p->pos, "expected ':' after key \"%.200s\"", k);
+        free(k);
+        return rc;
+    }
+    p->pos++;
+    ferry__json v;
+    int rc = parse_value(p, &v, depth + 1);
+    if (rc) {
+        free(k);
+        return rc;
+    }
+    return p->member_fn(k, &v, at, p->member_arg);
+}
+
 static int parse_object(jparser *p, ferry__json *out, int depth)
 {
     size_t vbase = p->n_vals, kbase = p->n_keys;
@@ -485,20 +508,25 @@ static int parse_object(jparser *p, ferry__json *out, int depth)
         int rc = parse_string(p, FERRY__MAX_NAME, 1, &k, &klen);
         if (rc)
             return rc;
-        if ((rc = push_key(p, k, at))) {
-            free(k);
-            return rc;
-        }
-        skip_ws(p);
-        if (p->pos >= p->len || p->s[p->pos] != ':')
-            return jfail(p, FERRY_EJSON, p->pos, "expected ':' after key \"%.200s\"", k);
-        p->pos++;
-        ferry__json v;
-        if ((rc = parse_value(p, &v, depth + 1)))
-            return rc;
-        if ((rc = push_val(p, &v))) {
-            ferry__json_free(&v);
-            return rc;
+        if (depth == 0 && p->member_fn) {
+            if ((rc = stream_member(p, k, at, depth)))
+                return rc;
+        } else {
+            if ((rc = push_key(p, k, at))) {
+                free(k);
+                return rc;
+            }
+            skip_ws(p);
+            if (p->pos >= p->len || p->s[p->pos] != ':')
+                return jfail(p, FERRY_EJSON, p->pos, "expected ':' after key \"%.200s\"", k);
+            p->pos++;
+            ferry__json v;
+            if ((rc = parse_value(p, &v, depth + 1)))
+                return rc;
+            if ((rc = push_val(p, &v))) {
+                ferry__json_free(&v);
+                return rc;
+            }
         }
         skip_ws(p);
         if (p->pos >= p->len)
@@ -573,13 +601,14 @@ static int parse_value(jparser *p, ferry__json *out, int depth)
     }
 }
 
-int ferry__json_parse(const char *text, size_t len, const char *path, ferry__json *out,
-                      ferry__err *e)
+static int json_parse(const char *text, size_t len, const char *path, ferry__json *out,
+                      ferry__json_member_fn fn, void *arg, ferry__err *e)
 {
     memset(out, 0, sizeof *out);
     if (!path)
         path = "(json)";
-    jparser p = {.s = (const unsigned char *)text, .len = len, .path = path, .e = e};
+    jparser p = {.s = (const unsigned char *)text, .len = len, .path = path, .e = e,
+                 .member_fn = fn, .member_arg = arg};
     if ((uint64_t)len > FERRY__JSON_MAX_TEXT)
         return jfail(&p, FERRY_ELIMIT, 0, "document of %zu bytes exceeds the limit of %llu",
                      len, (unsigned long long)FERRY__JSON_MAX_TEXT);
@@ -605,6 +634,27 @@ int ferry__json_parse(const char *text, size_t len, const char *path, ferry__jso
     free(p.sb);
     if (!rc)
         *out = root;
+    return rc;
+}
+
+int ferry__json_parse(const char *text, size_t len, const char *path, ferry__json *out,
+                      ferry__err *e)
+{
+    return json_parse(text, len, path, out, NULL, NULL, e);
+}
+
+int ferry__json_parse_members(const char *text, size_t len, const char *path,
+                              ferry__json_member_fn fn, void *arg, ferry__err *e)
+{
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
+        i++;
+    if (i == len || text[i] != '{')
+        return ferry__fail(e, FERRY_EFORMAT, "%s: JSON: the document is not an object",
+                           path ? path : "(json)");
+    ferry__json root;
+    int rc = json_parse(text, len, path, &root, fn, arg, e);
+    ferry__json_free(&root); /* an object without members: they all went to FN */
     return rc;
 }
 

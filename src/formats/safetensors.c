@@ -189,6 +189,46 @@ static int parse_tensor(char *name, const ferry__json *t, const char *path, uint
     return 0;
 }
 
+typedef struct st_member_ctx {
+    const char *path;
+    ferry__parsed *out;
+    ferry__err *e;
+    int have_meta;
+} st_member_ctx;
+
+/* A member only checked (ferry__json_member_fn). */
+static int st_drop(char *key, ferry__json *v, size_t at, void *arg)
+{
+    (void)at, (void)arg;
+    free(key);
+    ferry__json_free(v);
+    return 0;
+}
+
+/* One member of the header (ferry__json_member_fn): "__metadata__" or a tensor. */
+static int st_member(char *key, ferry__json *v, size_t at, void *arg)
+{
+    st_member_ctx *c = arg;
+    int rc;
+    if (strcmp(key, "__metadata__") == 0) {
+        rc = c->have_meta ? ferry__fail(c->e, FERRY_EDUP,
+                                        "%s: JSON: duplicate key \"__metadata__\" at byte %zu",
+                                        c->path, at)
+                          : parse_metadata(v, c->path, c->out, c->e);
+        c->have_meta = 1;
+        free(key);
+    } else if (!key[0]) {
+        /* as in GGUF: a name no pattern or lookup can tell apart from "none" */
+        rc = ferry__fail(c->e, FERRY_EFORMAT, "%s: safetensors: empty tensor name at byte %zu",
+                         c->path, at);
+        free(key);
+    } else if ((rc = parse_tensor(key, v, c->path, c->out->data_offset, c->out, c->e)) != 0) {
+        free(key); /* on success the name moved into OUT */
+    }
+    ferry__json_free(v);
+    return rc;
+}
+
 int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const char *path,
                              ferry__parsed *out, ferry__err *e)
 {
@@ -211,37 +251,34 @@ int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const cha
                            "(%llu bytes)",
                            path, (unsigned long long)n, (unsigned long long)size);
 
-    ferry__json root;
-    int rc = ferry__json_parse((const char *)data + 8, (size_t)n, path, &root, e);
-    if (rc)
-        return rc;
-    if (root.type != FERRY__JSON_OBJECT) {
+    const char *text = (const char *)data + 8;
+    size_t i = 0;
+    while (i < n && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
+        i++;
+    if (i == n || text[i] != '{') {
+        /* not an object: its JSON error, or what it is instead */
+        ferry__json root;
+        int rc = ferry__json_parse(text, (size_t)n, path, &root, e);
+        if (rc)
+            return rc;
         char b[80];
         rc = ferry__fail(e, FERRY_EFORMAT, "%s: safetensors: header is %s, not a JSON object",
                          path, json_show(&root, b));
-        goto done;
+        ferry__json_free(&root);
+        return rc;
     }
     out->format = FERRY_FORMAT_SAFETENSORS;
     out->data_offset = 8 + n;
     out->alignment = 1;
-    for (size_t i = 0; i < root.n; i++) {
-        if (strcmp(root.keys[i], "__metadata__") == 0) {
-            if ((rc = parse_metadata(&root.items[i], path, out, e)))
-                goto done;
-            continue;
-        }
-        if (!root.keys[i][0]) {
-            /* as in GGUF: a name no pattern or lookup can tell apart from "none" */
-            rc = ferry__fail(e, FERRY_EFORMAT, "%s: safetensors: empty tensor name", path);
-            goto done;
-        }
-        if ((rc = parse_tensor(root.keys[i], &root.items[i], path, out->data_offset, out, e)))
-            goto done;
-        root.keys[i] = NULL; /* the name moved into OUT */
-    }
-    rc = ferry__parsed_check(out, path, size, e);
-done:
-    ferry__json_free(&root);
+    /* Member by member, so that memory is the parsed tensors, never the header's whole DOM;
+     * twice: the JSON is checked whole before any member is judged (a syntax error anywhere is
+     * EJSON, as for a document parsed at once). */
+    st_member_ctx ctx = {path, out, e, 0};
+    int rc = ferry__json_parse_members(text, (size_t)n, path, st_drop, NULL, e);
+    if (!rc)
+        rc = ferry__json_parse_members(text, (size_t)n, path, st_member, &ctx, e);
+    if (!rc)
+        rc = ferry__parsed_check(out, path, size, e);
     if (rc)
         ferry__parsed_free(out);
     return rc;
