@@ -198,6 +198,49 @@ static size_t dir_len(const char *path)
 
 /* ---- sharded safetensors ---------------------------------------------------------------------- */
 
+/* The folders a shard of the index PATH may resolve into: the real path of the index's folder as
+ * named, and the folder of the index's own real path (a link to an index elsewhere, as in a
+ * download cache of links into one folder of blobs). NULL entries when a path cannot be resolved. */
+static void index_folders(const char *path, char *dirs[2])
+{
+    size_t dl = dir_len(path);
+    char *d = dl ? ferry__asprintf("%.*s", (int)dl, path) : ferry__strdup(".");
+    dirs[0] = d ? realpath(d, NULL) : NULL;
+    free(d);
+    dirs[1] = realpath(path, NULL);
+    char *slash = dirs[1] ? strrchr(dirs[1], '/') : NULL;
+    if (slash)
+        slash[slash == dirs[1]] = 0; /* "/x.json" keeps "/" */
+}
+
+/* Whether the real path REAL lies inside folder DIR (itself a real path). */
+static int inside(const char *real, const char *dir)
+{
+    size_t n = dir ? strlen(dir) : 0;
+    if (!n || strncmp(real, dir, n) != 0)
+        return 0;
+    return dir[n - 1] == '/' || real[n] == '/';
+}
+
+/* FERRY_EPATH when shard SP (named NAME by index PATH) resolves, through links, outside both
+ * folders of DIRS: the lexical check of the index reader cannot see links. 0 also when SP does
+ * not resolve at all (opening it reports that). */
+static int check_shard_real(const char *sp, const char *name, const char *path, char *dirs[2],
+                            ferry__err *e)
+{
+    char *real = realpath(sp, NULL);
+    if (!real)
+        return 0;
+    int ok = inside(real, dirs[0]) || inside(real, dirs[1]);
+    int rc = ok ? 0
+                : ferry__fail(e, FERRY_EPATH,
+                              "%s: shard '%s' of the index %s resolves to %s, outside the index's "
+                              "folder",
+                              sp, name, path, real);
+    free(real);
+    return rc;
+}
+
 typedef struct shard_ref {
     const char *name;
     size_t k;
@@ -218,6 +261,8 @@ static int add_index(staging *s, const char *path, const ferry__iofile *io, ferr
     size_t first = s->n;
     size_t dl = dir_len(path);
     ferry__hmap where = {0}; /* tensor name (unprefixed) -> staging index of its shard */
+    char *dirs[2];
+    index_folders(path, dirs);
     /* Shards are staged in name order ("-00001-of-" first); rank[k] is shard k's place. */
     shard_ref *order = malloc((ix.n_shards ? ix.n_shards : 1) * sizeof *order);
     size_t *rank = malloc((ix.n_shards ? ix.n_shards : 1) * sizeof *rank);
@@ -239,6 +284,11 @@ static int add_index(staging *s, const char *path, const ferry__iofile *io, ferr
             goto done;
         }
         size_t si;
+        rc = check_shard_real(sp, ix.shards[k], path, dirs, e);
+        if (rc) {
+            free(sp);
+            goto done;
+        }
         rc = stage_open(s, sp, &si, e);
         if (rc == FERRY_ENOENT)
             rc = ferry__fail(e, FERRY_ENOENT, "%s: shard '%s' named by the index %s does not exist",
@@ -303,6 +353,7 @@ static int add_index(staging *s, const char *path, const ferry__iofile *io, ferr
 done:
     free(order);
     free(rank);
+    free(dirs[0]), free(dirs[1]);
     ferry__hmap_free(&where);
     ferry__index_free(&ix);
     return rc;
