@@ -201,12 +201,21 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
         c->parent = t;
         c->row_base = r0;
         c->dev_override = p->split_devices[i];
-        /* the parent's LoRA terms apply to each part's own rows */
-        if (t->n_terms && (c->terms = malloc(t->n_terms * sizeof *c->terms)) != NULL) {
+        parts[i] = c;
+        /* the parent's LoRA terms apply to each part's own rows; a part without them would be
+         * staged without an adapter the parent requires */
+        if (t->n_terms) {
+            if (!(c->terms = malloc(t->n_terms * sizeof *c->terms))) {
+                for (int j = 0; j <= i; j++)
+                    parts[j]->removed = 1; /* registered: freed with the manager */
+                free(parts);
+                return ferry__fail(&f->err, FERRY_ENOMEM,
+                                   "tensor '%s': out of memory for its parts' LoRA terms",
+                                   t->info.name);
+            }
             memcpy(c->terms, t->terms, t->n_terms * sizeof *c->terms);
             c->n_terms = t->n_terms;
         }
-        parts[i] = c;
         r0 = r1;
     }
     t->parts = parts;
