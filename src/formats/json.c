@@ -10,8 +10,9 @@
  * It is linear and allocation-light: children of open containers collect on one shared scratch
  * stack and are copied into an exactly-sized array when their container closes; strings are
  * decoded into one reusable scratch buffer and then copied once. Duplicate keys are found by
- * pairwise comparison in small objects and with a hash set in large ones (a safetensors header is
- * one object with a key per tensor).
+ * pairwise comparison in small objects and with a hash set in large ones (an index's weight map).
+ * ferry__json_parse_members hands the root object's members to a callback one by one instead of
+ * keeping them, so that a safetensors header of a million tensors never exists as one DOM.
  *
  * Ownership: a parsed DOM owns its strings, keys and arrays (ferry__json_free), but a NUMBER's
  * text points into the parsed document, which must outlive the DOM.
