@@ -1,6 +1,6 @@
 /*
  * test_output_files.c — what the CLI's writers (`lora merge -o`, `gen -o`, `gen --lora -o`,
- * `run --trace`) may replace: never one of the command's own inputs, whatever the spelling (a hard
+ * `run --trace`, `generate --logits`) may replace: never one of the command's own inputs, whatever the spelling (a hard
  * link, a symbolic link, "dir/../name"), compared by device and inode; never anything but a
  * regular file (a folder, FIFO, socket or device node stays what it was); a symbolic link to a
  * regular file is written through, the link kept. An input named as output is a usage error
@@ -112,6 +112,11 @@ static void test_inputs(void)
                    "same file");
     expect_refused(run("run -q --passes 1 -a '%s' --trace '%s' '%s'", admul, hard, g_base), hard,
                    "same file");
+    /* generate --logits: neither the model nor an adapter */
+    expect_refused(run("generate '%s' --tokens 1,2 -n 1 --logits '%s'", g_base, g_base), g_base,
+                   "same file");
+    expect_refused(run("generate '%s' -a '%s' --tokens 1,2 -n 1 --logits '%s'", g_base, admul,
+                       hard), hard, "same file");
 }
 
 /* Outputs that are not regular files. */
@@ -123,6 +128,7 @@ static void test_special(void)
     expect_kept(run("gen --lora '%s' -o '%s' -q", g_base, fifo), fifo, "FIFO");
     expect_kept(run("lora merge '%s' -a '%s' -o '%s' -q", g_base, g_ad, fifo), fifo, "FIFO");
     expect_kept(run("run -q --passes 1 --trace '%s' '%s'", fifo, g_base), fifo, "FIFO");
+    expect_kept(run("generate '%s' --tokens 1 -n 1 --logits '%s'", g_base, fifo), fifo, "FIFO");
     CHECK(kind(fifo) == S_IFIFO);
     /* a symbolic link to a FIFO is judged by what it names */
     const char *to_fifo = path_in("to_fifo.gguf");

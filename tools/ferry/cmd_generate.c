@@ -156,6 +156,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     char err[512] = "";
     llama *m = NULL;
     FILE *lf = NULL;
+    char *logits_real = NULL; /* the file --logits writes: the path, or the target of its link */
     uint32_t *gen = NULL;
     float *rows = NULL;
     tokenizer *tok = tokenizer_create(ferry_catalog_of(f), err, sizeof err);
@@ -199,7 +200,10 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             rc = cli_error("token %u is outside the vocabulary of %u", prompt_ids[i], c->vocab);
             goto out;
         }
-    if (logits_path && !(lf = fopen(logits_path, "wb"))) {
+    if (logits_path && (rc = runopts_check_output(rp, "generate", "--logits", logits_path, f,
+                                                  &logits_real)) != 0)
+        goto out;
+    if (logits_path && !(lf = fopen(logits_real, "wb"))) {
         rc = cli_error("%s: cannot create", logits_path);
         goto out;
     }
@@ -336,6 +340,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
 out:
     if (lf)
         fclose(lf);
+    free(logits_real);
     free(gen);
     free(rows);
     llama_destroy(m);

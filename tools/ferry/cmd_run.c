@@ -228,19 +228,7 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     if (trace) {
-        /* the trace may replace neither a model file nor an adapter ("PATH" or "PATH:MULT") */
-        char *ins[2 * RUNOPTS_MAX_ADAPTERS];
-        size_t nin = 0;
-        for (int i = 0; i < r.n_adapters; i++) {
-            const char *colon = strrchr(r.adapters[i], ':');
-            ins[nin++] = strdup(r.adapters[i]);
-            if (colon && (ins[nin] = strdup(r.adapters[i])) != NULL)
-                ins[nin++][colon - r.adapters[i]] = 0;
-        }
-        rc = cli_check_output("run", "--trace", trace, (const char *const *)ins, nin,
-                              "adapter", ferry_catalog_of(f), "model", &trace_real);
-        for (size_t i = 0; i < nin; i++)
-            free(ins[i]);
+        rc = runopts_check_output(&r, "run", "--trace", trace, f, &trace_real);
         if (rc)
             goto out;
         if (ferry_trace_start(f, trace_real)) {

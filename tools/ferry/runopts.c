@@ -513,3 +513,23 @@ int runopts_open(runopts *r, char **files, int nfiles, ferry **out)
     *out = f;
     return 0;
 }
+
+int runopts_check_output(const runopts *r, const char *cmd, const char *what, const char *out,
+                         ferry *f, char **real)
+{
+    /* an adapter argument may be "PATH:MULT": both spellings are candidates for the input */
+    char *ins[2 * RUNOPTS_MAX_ADAPTERS];
+    size_t nin = 0;
+    for (int i = 0; i < r->n_adapters; i++) {
+        const char *colon = strrchr(r->adapters[i], ':');
+        if ((ins[nin] = strdup(r->adapters[i])) != NULL)
+            nin++;
+        if (colon && (ins[nin] = strdup(r->adapters[i])) != NULL)
+            ins[nin++][colon - r->adapters[i]] = 0;
+    }
+    int rc = cli_check_output(cmd, what, out, (const char *const *)ins, nin, "adapter",
+                              ferry_catalog_of(f), "model", real);
+    for (size_t i = 0; i < nin; i++)
+        free(ins[i]);
+    return rc;
+}

@@ -70,6 +70,11 @@ int runopts_add_groups(runopts *r, ferry *f);
 /* A manager with the device, budgets, the groups, policy (group "all" for every other tensor),
  * the files and the adapters. Returns 0 or CLI_EXIT_FAIL after printing why. */
 int runopts_open(runopts *r, char **files, int nfiles, ferry **out);
+/* cli_check_output for OUT, a file command CMD writes (WHAT names its option), against every
+ * model file open in F and every adapter of R: 0, or the exit status after printing why. *REAL
+ * as cli_check_output's (the caller frees it). */
+int runopts_check_output(const runopts *r, const char *cmd, const char *what, const char *out,
+                         ferry *f, char **real);
 /* Frees what runopts_parse allocated (the groups' copies); R may be parsed again after. */
 void runopts_free(runopts *r);
 /* Checks a --device SPEC by adding it to a scratch manager: 0, CLI_EXIT_USAGE when the spec does
