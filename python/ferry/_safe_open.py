@@ -45,6 +45,7 @@ class _Slice:
                 raise IndexError("ferry: index %d out of range for '%s' (first axis %d)"
                                  % (first, self._name, shape[0]))
             a = self._f._read_rows(self._name, i, i + 1)[0]
+            return self._f._out(a[rest] if rest else a, self._name)
         elif isinstance(first, slice):
             start, stop, step = first.indices(shape[0])
             if step == 1:
@@ -54,7 +55,7 @@ class _Slice:
                 a = self._f._read_rows_list(self._name, picks)
         else:
             raise TypeError("ferry: get_slice takes ints and slices, not %r" % (first,))
-        return self._f._out(a[rest] if rest else a, self._name)
+        return self._f._out(a[(slice(None),) + rest] if rest else a, self._name)
 
 
 class SafeOpen:
