@@ -431,17 +431,17 @@ class Manager:
     def prepared(self, names):
         """``with m.prepared(names) as ts:`` prepares the tensors NAMES (a list, or one name) and
         yields them: numpy arrays (``ferry.Array``) over ferry's memory, zero-copy, in the order
-        asked for (a ``Prepared`` sequence, indexable by position or name; one name yields one
-        array). Read-only unless the policy guarantees a private writable copy. At the end of
-        the block the sequence is emptied and every tensor released, except that an array kept
-        beyond the block holds its own tensor until that array dies: it never points at freed
-        memory. Tensors on a device the CPU cannot read come as DeviceTensor."""
-        single = isinstance(names, str)
-        names = [names] if single else list(names)
+        asked for (a ``Prepared`` sequence, indexable by position or name). Read-only unless
+        the policy guarantees a private writable copy. At the end of the block the sequence is
+        emptied and every tensor released, except that an array still referenced after the
+        block (bound to a variable, a loop variable included) holds its own tensor prepared
+        until that array dies: it never points at freed memory. Tensors on a device the CPU
+        cannot read come as DeviceTensor."""
+        names = [names] if isinstance(names, str) else list(names)
         arrays = self._prepare_arrays(names)
         ts = Prepared(names, arrays)
         try:
-            yield arrays[0] if single else ts
+            yield ts
         finally:
             ts._release()
             del arrays

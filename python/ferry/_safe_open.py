@@ -125,8 +125,8 @@ class SafeOpen:
         return st.get(name, name)
 
     def _read(self, name):
-        with self._m.prepared(name) as a:
-            return np.array(a, copy=True)
+        with self._m.prepared(name) as ts:
+            return np.array(ts[0], copy=True)
 
     def _read_rows(self, name, start, stop):
         info = self._info(name)

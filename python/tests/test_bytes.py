@@ -50,8 +50,8 @@ def test_lazy_tensors_and_read_rows(models, fmt, dt):
     with ferry.Manager() as m:
         m.open(path)
         m.group("lazy", "*", lazy=True)
-        with m.prepared("token_embd.weight") as a:
-            check_array(a, "token_embd.weight", want["token_embd.weight"])
+        with m.prepared("token_embd.weight") as ts:
+            check_array(ts[0], "token_embd.weight", want["token_embd.weight"])
         dtype, shape, raw = want["token_embd.weight"]
         row_bytes = len(raw) // shape[0]
         rows = [5, 0, 5, 255, 17]
@@ -86,9 +86,9 @@ def test_converted_copies(models, src):
             ref = np.frombuffer(raw, "<f2").astype(np.float32)
         else:  # bf16 is the top half of an f32
             ref = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        with m.prepared(name) as a:
-            assert a.dtype == np.float32 and a.shape == shape
-            assert np.array_equal(a.reshape(-1), ref)
+        with m.prepared(name) as ts:
+            assert ts[0].dtype == np.float32 and ts[0].shape == shape
+            assert np.array_equal(ts[0].reshape(-1), ref)
 
 
 @pytest.mark.parametrize("dt", ["bf16", "q8_0", "q4_0"])
@@ -112,7 +112,7 @@ def test_dequantize_matches_the_definition(models, dt):
         ref = (q * d).reshape(-1)
     with ferry.Manager() as m:
         m.open(path)
-        with m.prepared(name) as a:
-            got = ferry.dequantize(a, dt)
+        with m.prepared(name) as ts:
+            got = ferry.dequantize(ts[0], dt)
     assert got.dtype == np.float32 and got.shape == shape
     assert np.array_equal(got.reshape(-1), ref)
