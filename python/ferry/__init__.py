@@ -6,14 +6,15 @@ the way. This package is pure Python over libferry.so.0 (ctypes) and numpy.
   safetensors and GGUF files alike.
 - ``ferry.Manager(...)``: the manager: groups and policies, budgets, ``prepared(names)`` blocks
   yielding zero-copy numpy arrays (DLPack-exportable), LoRA adapters, plans, statistics, traces.
-- ``ferry.dequantize(array, dtype)``: raw bf16 / quantized elements to float32.
+- ``ferry.dequantize(array, dtype)``: raw bf16 / quantized elements to float32;
+  ``ferry.matvec(w, x)``: the decode-shaped product of a weight with a vector.
 - Errors raise ``ferry.FerryError`` subclasses named after ferry's codes (``ferry.ENOENT``, ...).
 
 The library is found at $FERRY_LIBRARY, else beside this package, else on the system path.
 """
 from . import _lib
 from ._array import Array
-from ._dtypes import dequantize
+from ._dtypes import dequantize, matvec
 from ._errors import *  # noqa: F401,F403  (FerryError and one subclass per code)
 from ._errors import FerryError, __all__ as _error_names
 from ._manager import DeviceTensor, Lora, Manager, Prepared, parse_size
@@ -32,6 +33,6 @@ def dtype_name(dtype):
     return _name(dtype_id(dtype))
 
 
-__all__ = ["Manager", "safe_open", "SafeOpen", "dequantize", "Array", "Prepared", "Lora",
+__all__ = ["Manager", "safe_open", "SafeOpen", "dequantize", "matvec", "Array", "Prepared", "Lora",
            "DeviceTensor", "parse_size", "dtype_name", "library_path", "library_version",
            "__version__"] + list(_error_names)

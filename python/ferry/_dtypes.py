@@ -88,3 +88,23 @@ def dequantize(array, dtype):
     if src.ndim >= 1 and src.shape[-1] and (src.shape[-1] * src.itemsize) % bb == 0:
         return out.reshape(src.shape[:-1] + (src.shape[-1] * src.itemsize // bb * be,))
     return out
+
+
+def matvec(w, x, dtype=None):
+    """y = W.x for a 2-D weight W as ferry hands it out (rows outermost; raw uint8 rows of
+    blocks for quantized types, uint16 for bf16: give DTYPE, or let ``w.ferry_dtype`` say) and
+    a float32 vector X of a row's elements, dequantizing on the fly (ferry_matvec). Returns a
+    new float32 vector of W's rows."""
+    t = dtype_id(dtype if dtype is not None else getattr(w, "ferry_dtype", None) or w.dtype)
+    w = np.ascontiguousarray(w)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    rows = w.shape[0] if w.ndim else 1
+    cols = x.size
+    if rows and nbytes(t, cols) * rows != w.nbytes:
+        raise ValueError("ferry.matvec: %s weight of %d bytes is not %d rows of %d elements"
+                         % (dtype_name(t), w.nbytes, rows, cols))
+    y = np.empty(rows, dtype=np.float32)
+    rc = L.ferry_matvec(t, w.ctypes.data, rows, cols, x.ctypes.data, y.ctypes.data)
+    if rc:
+        raise error(rc, "ferry.matvec: %s cannot be read as numbers" % dtype_name(t))
+    return y

@@ -167,6 +167,7 @@ _FUNCS = {
     "ferry_dtype_block_bytes": (c_uint32, [c_int]),
     "ferry_dtype_nbytes": (c_int, [c_int, c_uint64, POINTER(c_uint64)]),
     "ferry_dtype_convert": (c_int, [c_int, P, c_int, P, c_uint64]),
+    "ferry_matvec": (c_int, [c_int, P, c_uint64, c_uint64, P, P]),
     "ferry_catalog_count": (c_size_t, [P]),
     "ferry_catalog_tensor": (c_int, [P, c_size_t, POINTER(TensorInfo)]),
     "ferry_catalog_meta_count": (c_size_t, [P]),

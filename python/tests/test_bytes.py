@@ -116,3 +116,19 @@ def test_dequantize_matches_the_definition(models, dt):
             got = ferry.dequantize(ts[0], dt)
     assert got.dtype == np.float32 and got.shape == shape
     assert np.array_equal(got.reshape(-1), ref)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_matvec_against_numpy(models, dt):
+    path = models[("gguf", dt)]
+    want, _ = reference(path)
+    name = "blk.0.ffn_down.weight"
+    x = np.linspace(-1, 1, want[name][1][1], dtype=np.float32)
+    with ferry.Manager() as m:
+        m.open(path)
+        with m.prepared([name]) as ts:
+            ref = ferry.dequantize(ts[0], dt) if dt not in NUMPY else ts[0].astype(np.float32)
+            y = ferry.matvec(ts[0], x)
+    # the reference: numpy's product of the dequantized weight (checked above against the
+    # definition of each type), in float64
+    assert np.allclose(y, ref.astype(np.float64) @ x, rtol=1e-4, atol=1e-4)
