@@ -1,7 +1,6 @@
 """ferry.Manager: the manager of include/ferry.h in Python's idioms."""
 import contextlib
 import ctypes
-import threading
 from ctypes import byref, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
 import numpy as np
@@ -196,7 +195,8 @@ class Manager:
             raise error(-2, "ferry_create: out of memory")
         self._n = _Native(p)
         self._tensors = {}
-        self._lock = threading.Lock()
+        self._static_cache = {}
+        self._host_ok = {}
         self.device_ids = {"cpu": 0}
         try:
             for spec in devices:
@@ -242,6 +242,7 @@ class Manager:
         """Closes the manager. Its memory is freed as soon as no array over it is left alive
         (an array taken out of a prepared block keeps its tensor, and the manager, valid)."""
         self._tensors = {}
+        self._static_cache = {}
         self._n = None
 
     def __enter__(self):
@@ -318,6 +319,7 @@ class Manager:
             pol.writable = 1
         self._check(L.ferry_group_add(self._p(), _b(name), _b(pattern), byref(pol)),
                     "group '%s'" % name)
+        self._static_cache = {}
 
     def ignore(self, pattern):
         """Tensors matching PATTERN are ignored: not loaded, not found, not required."""
@@ -331,6 +333,7 @@ class Manager:
         """Removes group NAME and frees its tensors' memory (EBUSY while any is prepared)."""
         self._check(L.ferry_group_remove(self._p(), _b(name)))
         self._tensors = {}
+        self._static_cache = {}
 
     # ---- what the files hold -----------------------------------------------------------------
     def keys(self):
@@ -379,46 +382,57 @@ class Manager:
         self._check(L.ferry_tensor_read(self._p(), h, 0, n, out.ctypes.data), name)
         return out.view(dtype).reshape(shape)
 
-    def _wrap(self, name, h, host_ok):
-        info = _lib.TensorInfo()
-        L.ferry_tensor_get_info(h, byref(info))
-        t = L.ferry_tensor_dtype(h)
-        dtype, shape = _dtypes.layout(t, _dtypes.numpy_shape(info))
+    def _static(self, h):
+        """What does not change between prepares of H: (dtype, shape, ferry dtype name or None,
+        part count, whether its compute memory is host memory)."""
+        st = self._static_cache.get(h)
+        if st is None:
+            info = _lib.TensorInfo()
+            L.ferry_tensor_get_info(h, byref(info))
+            t = L.ferry_tensor_dtype(h)
+            dtype, shape = _dtypes.layout(t, _dtypes.numpy_shape(info))
+            fname = None if t in _dtypes._NUMPY else _dtypes.dtype_name(t)
+            nparts = L.ferry_tensor_part_count(h)
+            part = _lib.TensorPart()
+            L.ferry_tensor_get_part(h, 0, byref(part))
+            st = (dtype, shape, fname, nparts, nparts == 1 and self._host_memory(part.device))
+            self._static_cache[h] = st
+        return st
+
+    def _host_memory(self, dev):
+        ok = self._host_ok.get(dev)
+        if ok is None:
+            i = _lib.DeviceInfo()
+            L.ferry_get_device_info(self._n.ptr, dev, byref(i))
+            ok = self._host_ok[dev] = bool(i.host_accessible)
+        return ok
+
+    def _wrap(self, name, h):
+        dtype, shape, fname, nparts, host = self._static(h)
         nbytes = L.ferry_tensor_nbytes(h)
         ptr = L.ferry_tensor_data(h)
         writable = bool(_lib.HAS_WRITABLE and L.ferry_tensor_writable(h))
         hold = _array.Hold(self._n, h, ptr or 0, nbytes, writable)
-        nparts = L.ferry_tensor_part_count(h)
+        if host and ptr:
+            return _array.view(hold, dtype, shape, fname, writable)
+        if host and nbytes == 0:
+            a = np.empty(shape, dtype).view(_array.Array)
+            a._ferry_hold = hold
+            return a
         parts = []
         for i in range(nparts):
             part = _lib.TensorPart()
             L.ferry_tensor_get_part(h, i, byref(part))
             parts.append((part.device, part.row0, part.n_rows, part.data, part.nbytes))
-        if nparts == 1 and ptr and host_ok(parts[0][0]):
-            if nbytes == 0:
-                a = np.empty(shape, dtype).view(_array.Array)
-                a._ferry_hold = hold
-                return a
-            fname = None if t in _dtypes._NUMPY else _dtypes.dtype_name(t)
-            return _array.view(hold, dtype, shape, fname, writable)
         return DeviceTensor(self, name, hold, dtype, shape, parts)
 
     def _prepare_arrays(self, names):
         hs, arr = self._handles(names)
         self._check(L.ferry_prepare(self._p(), arr, len(hs)))
-        access = {}
-
-        def host_ok(dev):
-            if dev not in access:
-                i = _lib.DeviceInfo()
-                L.ferry_get_device_info(self._n.ptr, dev, byref(i))
-                access[dev] = bool(i.host_accessible)
-            return access[dev]
-
         out = []
         try:
-            for k, (name, h) in enumerate(zip(names, hs)):
-                out.append(self._wrap(name, h, host_ok))
+            for name, h in zip(names, hs):
+                out.append(self._wrap(name, h))
         except BaseException:
             # holds made so far release themselves; the rest are released here
             rest = hs[len(out):]
