@@ -192,15 +192,21 @@ def main():
         "get_tensor": {m: {"ferry_s": med(v["ferry"]), "mmap_s": med(v["mmap"]),
                            "ferry_gbps": size / med(v["ferry"]) / 1e9,
                            "mmap_gbps": size / med(v["mmap"]) / 1e9,
-                           "ratio_ferry_over_mmap_time": med(v["ferry"]) / med(v["mmap"])}
+                           "ratio_ferry_over_mmap_time": med(v["ferry"]) / med(v["mmap"]),
+                           "paired_ratios": [x / y for x, y in zip(v["ferry"], v["mmap"])]}
                        for m, v in res["get_tensor"].items()},
         "stream": {m: {"python_s_per_pass": med(v["python"]), "cli_s_per_pass": med(v["cli"]),
-                       "python_cost": med(v["python"]) / med(v["cli"]) - 1}
+                       "python_cost": med(v["python"]) / med(v["cli"]) - 1,
+                       "paired_ratios": [x / y for x, y in zip(v["python"], v["cli"])]}
                    for m, v in res["stream"].items()},
     }
     if a.json:
         print(json.dumps(res, indent=1))
         return
+    report(res, a, size, budget)
+
+
+def report(res, a, size, budget):
     s = res["summary"]
     print("%s  model %s (%.2f GiB), host budget %.2f GiB, %d runs" %
           (res["date"], a.model, size / 2**30, budget / 2**30, a.runs))
@@ -208,18 +214,20 @@ def main():
           " / ".join("%.2f" % g for g in res["dd_direct_gbps"]))
     for m, v in s["get_tensor"].items():
         print("get_tensor, %s: ferry %.2f s (%.2f GB/s) [%s]; mmap+frombuffer %.2f s (%.2f GB/s) "
-              "[%s]; time ratio %.3f" % (m, v["ferry_s"], v["ferry_gbps"],
-                                         ", ".join("%.2f" % t for t in res["get_tensor"][m]["ferry"]),
-                                         v["mmap_s"], v["mmap_gbps"],
-                                         ", ".join("%.2f" % t for t in res["get_tensor"][m]["mmap"]),
-                                         v["ratio_ferry_over_mmap_time"]))
+              "[%s]; time ratio %.3f (paired: %s)" % (
+                  m, v["ferry_s"], v["ferry_gbps"],
+                  ", ".join("%.2f" % t for t in res["get_tensor"][m]["ferry"]),
+                  v["mmap_s"], v["mmap_gbps"],
+                  ", ".join("%.2f" % t for t in res["get_tensor"][m]["mmap"]),
+                  v["ratio_ferry_over_mmap_time"],
+                  ", ".join("%.2f" % r for r in v["paired_ratios"])))
     for m, v in s["stream"].items():
         print("stream, %s: Manager %.3f s/pass [%s]; ferry run %.3f s/pass [%s]; Python cost "
-              "%+.1f%%" % (m, v["python_s_per_pass"],
-                           ", ".join("%.3f" % t for t in res["stream"][m]["python"]),
-                           v["cli_s_per_pass"],
-                           ", ".join("%.3f" % t for t in res["stream"][m]["cli"]),
-                           100 * v["python_cost"]))
+              "%+.1f%% (paired ratios: %s)" % (
+                  m, v["python_s_per_pass"],
+                  ", ".join("%.3f" % t for t in res["stream"][m]["python"]),
+                  v["cli_s_per_pass"], ", ".join("%.3f" % t for t in res["stream"][m]["cli"]),
+                  100 * v["python_cost"], ", ".join("%.2f" % r for r in v["paired_ratios"])))
 
 
 if __name__ == "__main__":
