@@ -6,7 +6,8 @@
  2. ferry.Manager streaming the model under a host budget (home disk; each layer prepared, y = W.x
     on every 2-D weight with ferry.matvec, released), against `ferry run` with the same options.
 
-Each cold and warm, alternating the two sides, RUNS times; medians. Cold: the page cache dropped
+Each cold and warm, alternating the two sides (each side a fresh process, timed inside it),
+RUNS times; medians. Cold: the page cache dropped
 (echo 3 > /proc/sys/vm/drop_caches, root) before each get_tensor sweep, and the file's pages
 dropped before each streamed pass (`ferry run --cold` does the same, posix_fadvise DONTNEED).
 The disk's O_DIRECT read speed is measured in the same run (dd iflag=direct).
@@ -144,7 +145,30 @@ def stream_cli(cli, path, budget, passes, cold):
     return [p["seconds"] for p in json.loads(r.stdout)["passes"]]
 
 
+def child(kind, *args):
+    """Runs one measured side in a fresh interpreter (as a user's process would be, and as
+    `ferry run` is): its time, measured inside it, excluding start-up and imports."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind] +
+                       [str(x) for x in args], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit("python_bench: %s failed:\n%s" % (kind, r.stderr))
+    return json.loads(r.stdout)
+
+
+def run_child(argv):
+    kind = argv[0]
+    if kind == "sweep-ferry":
+        out = sweep_ferry(argv[1])[0]
+    elif kind == "sweep-mmap":
+        out = sweep_mmap(argv[1])[0]
+    else:
+        out = stream_python(argv[1], int(argv[2]), int(argv[3]), argv[4] == "1")
+    print(json.dumps(out))
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return run_child(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--ferry", default="build/ferry")
@@ -164,7 +188,7 @@ def main():
     for run in range(a.runs):
         res["dd_direct_gbps"].append(dd_direct(a.model))
         for mode in ("cold", "warm"):
-            order = [("ferry", sweep_ferry), ("mmap", sweep_mmap)]
+            order = [("ferry", "sweep-ferry"), ("mmap", "sweep-mmap")]
             if run % 2:
                 order.reverse()
             for side, fn in order:
@@ -172,15 +196,14 @@ def main():
                     drop_caches()
                 else:
                     warm(a.model)
-                t, n = fn(a.model)
-                res["get_tensor"][mode][side].append(t)
-            order = [("python", stream_python), ("cli", None)]
+                res["get_tensor"][mode][side].append(child(fn, a.model))
+            order = [("python", "stream"), ("cli", None)]
             if run % 2:
                 order.reverse()
             for side, fn in order:
                 if mode == "warm":
                     warm(a.model)
-                ts = fn(a.model, budget, a.passes, mode == "cold") if fn else \
+                ts = child(fn, a.model, budget, a.passes, int(mode == "cold")) if fn else \
                     stream_cli(a.ferry, a.model, budget, a.passes, mode == "cold")
                 # a pass after the first: the schedule is recorded, the kept set in place
                 res["stream"][mode][side].append(statistics.median(ts[1:]) if len(ts) > 1

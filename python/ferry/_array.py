@@ -105,12 +105,18 @@ class Array(np.ndarray):
     """
 
     def __array_finalize__(self, obj):
-        self.ferry_dtype = getattr(obj, "ferry_dtype", None)
+        fd = getattr(obj, "ferry_dtype", None)
+        self.ferry_dtype = fd if fd and obj.dtype == self.dtype else None
 
-    def __dlpack__(self, stream=None):
-        """A DLPack capsule sharing this array's memory (cpu device; STREAM must be None)."""
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule sharing this array's memory (cpu device; STREAM must be None).
+        COPY=True exports a copy; DL_DEVICE, when given, must be the cpu."""
         if stream is not None:
             raise BufferError("ferry: a cpu array takes no stream")
+        if dl_device is not None and tuple(dl_device) != (_KDL_CPU, 0):
+            raise BufferError("ferry: the array is on the cpu, not device %s" % (dl_device,))
+        if copy:
+            return to_dlpack(np.array(self, copy=True))
         return to_dlpack(self)
 
     def __dlpack_device__(self):
@@ -131,7 +137,10 @@ class Hold:
     def __del__(self):
         m, self._manager = self._manager, None
         if m is not None:
-            m.release_one(self._handle)
+            try:
+                m.release_one(self._handle)
+            except Exception:   # interpreter shutdown: the process frees everything anyway
+                pass
 
 
 def view(hold, dtype, shape, ferry_dtype, writable):

@@ -88,7 +88,10 @@ class _Native:
     def __del__(self):
         p, self.ptr = self.ptr, None
         if p:
-            L.ferry_destroy(p)
+            try:
+                L.ferry_destroy(p)
+            except Exception:   # interpreter shutdown: the process frees everything anyway
+                pass
 
 
 class DeviceTensor:

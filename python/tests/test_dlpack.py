@@ -32,6 +32,8 @@ def test_numpy_round_trip_shares_memory(models):
             assert np.array_equal(c, v)
             with pytest.raises(BufferError):
                 a.__dlpack__(stream=1)
+            f = a.astype(np.float64)              # derived arrays forget ferry's dtype name
+            assert type(f) is ferry.Array and f.ferry_dtype is None
             del a, b, c, v
 
 
