@@ -4,7 +4,9 @@
  1. ferry.safe_open(MODEL).get_tensor over every tensor, against the same reads with Python's own
     mmap + numpy.frombuffer (each tensor copied into a new array, as get_tensor returns one);
  2. ferry.Manager streaming the model under a host budget (home disk; each layer prepared, y = W.x
-    on every 2-D weight with ferry.matvec, released), against `ferry run` with the same options.
+    on every 2-D weight with ferry.matvec, released), against `ferry run` with the same options;
+    and the Python layer's own time per pass, measured alone (the same loop over a warm
+    zero-copy model with one-row products: no reads, no copies, no compute).
 
 Each cold and warm, alternating the two sides (each side a fresh process, timed inside it),
 RUNS times; medians. Cold: the page cache dropped
@@ -136,6 +138,34 @@ def stream_python(path, budget, passes, cold):
     return times
 
 
+def layer_cost(path, passes):
+    """The Python layer's own time per pass, an upper bound: the same loop as stream_python
+    over a warm zero-copy model (no reads, no copies), each product cut to one row (the wrapper's
+    whole cost, no compute)."""
+    warm(path)
+    times = []
+    with ferry.Manager() as m:
+        m.open(path)
+        m.group("all", "*", home="host", load="mmap", lazy=False)
+        sets = layers(m.keys())
+        infos = {n: m.info(n) for n in m.keys()}
+        cols = max(i["row_elems"] for i in infos.values())
+        x = np.zeros(cols, dtype=np.float32)
+        with m.prepared(m.keys()):     # resident before timing
+            pass
+        for _ in range(passes + 1):
+            t0 = time.perf_counter()
+            for s in sets:
+                with m.prepared(s) as ts:
+                    for name, w in ts.items():
+                        if len(infos[name]["shape"]) >= 2:
+                            ferry.matvec(w.reshape(infos[name]["n_rows"], -1)[:1],
+                                         x[:infos[name]["row_elems"]])
+                    del w
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def stream_cli(cli, path, budget, passes, cold):
     cmd = [cli, "run", path, "--home", "disk", "--load", "auto", "--lazy", "off",
            "--budget", "host=%d" % budget, "--passes", str(passes), "--json", "--quiet"]
@@ -161,6 +191,8 @@ def run_child(argv):
         out = sweep_ferry(argv[1])[0]
     elif kind == "sweep-mmap":
         out = sweep_mmap(argv[1])[0]
+    elif kind == "layer-cost":
+        out = layer_cost(argv[1], int(argv[2]))
     else:
         out = stream_python(argv[1], int(argv[2]), int(argv[3]), argv[4] == "1")
     print(json.dumps(out))
@@ -208,10 +240,12 @@ def main():
                 # a pass after the first: the schedule is recorded, the kept set in place
                 res["stream"][mode][side].append(statistics.median(ts[1:]) if len(ts) > 1
                                                  else ts[0])
+        res.setdefault("layer_cost_s", []).append(child("layer-cost", a.model, a.passes))
         print("run %d done" % (run + 1), file=sys.stderr)
     med = statistics.median
     res["summary"] = {
         "dd_direct_gbps": med(res["dd_direct_gbps"]),
+        "layer_cost_s_per_pass": med(res["layer_cost_s"]),
         "get_tensor": {m: {"ferry_s": med(v["ferry"]), "mmap_s": med(v["mmap"]),
                            "ferry_gbps": size / med(v["ferry"]) / 1e9,
                            "mmap_gbps": size / med(v["mmap"]) / 1e9,
@@ -220,7 +254,8 @@ def main():
                        for m, v in res["get_tensor"].items()},
         "stream": {m: {"python_s_per_pass": med(v["python"]), "cli_s_per_pass": med(v["cli"]),
                        "python_cost": med(v["python"]) / med(v["cli"]) - 1,
-                       "paired_ratios": [x / y for x, y in zip(v["python"], v["cli"])]}
+                       "paired_ratios": [x / y for x, y in zip(v["python"], v["cli"])],
+                       "layer_cost_over_cli": med(res["layer_cost_s"]) / med(v["cli"])}
                    for m, v in res["stream"].items()},
     }
     if a.json:
@@ -244,13 +279,16 @@ def report(res, a, size, budget):
                   ", ".join("%.2f" % t for t in res["get_tensor"][m]["mmap"]),
                   v["ratio_ferry_over_mmap_time"],
                   ", ".join("%.2f" % r for r in v["paired_ratios"])))
+    print("the Python layer's own time per pass (no I/O, no compute): %.4f s [%s]" % (
+        s["layer_cost_s_per_pass"], ", ".join("%.4f" % t for t in res["layer_cost_s"])))
     for m, v in s["stream"].items():
         print("stream, %s: Manager %.3f s/pass [%s]; ferry run %.3f s/pass [%s]; Python cost "
-              "%+.1f%% (paired ratios: %s)" % (
+              "%+.1f%% (paired ratios: %s); layer's own time / ferry run's pass %.2f%%" % (
                   m, v["python_s_per_pass"],
                   ", ".join("%.3f" % t for t in res["stream"][m]["python"]),
                   v["cli_s_per_pass"], ", ".join("%.3f" % t for t in res["stream"][m]["cli"]),
-                  100 * v["python_cost"], ", ".join("%.2f" % r for r in v["paired_ratios"])))
+                  100 * v["python_cost"], ", ".join("%.2f" % r for r in v["paired_ratios"]),
+                  100 * v["layer_cost_over_cli"]))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def test_cmake_install(tmpdir_session):
         pytest.skip("FERRY_BUILD_DIR is not set")
     prefix = os.path.join(tmpdir_session, "prefix")
     shutil.rmtree(prefix, ignore_errors=True)
-    subprocess.run(["cmake", "--install", build, "--prefix", prefix], check=True,
+    cmake = os.environ.get("FERRY_CMAKE", "cmake")
+    subprocess.run([cmake, "--install", build, "--prefix", prefix], check=True,
                    capture_output=True)
     sites = [os.path.join(r, d) for r, ds, _ in os.walk(prefix) for d in ds if d == "ferry"
              and os.path.isfile(os.path.join(r, d, "__init__.py"))]
