@@ -6,7 +6,7 @@ from ctypes import byref, c_int, c_int64, c_size_t, c_uint64, c_void_p
 import numpy as np
 
 from . import _array, _dtypes, _lib
-from ._errors import EINVAL, ENOENT, EUNSUPPORTED, FerryError, error
+from ._errors import EINVAL, ENOENT, EUNSUPPORTED, error
 
 L = _lib.lib
 

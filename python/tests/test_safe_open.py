@@ -1,10 +1,13 @@
 """ferry.safe_open behaves like safetensors' own safe_open: the same keys, metadata, shapes,
 dtypes, values and slices as the file read from its specification (conftest.py)."""
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
 import ferry
-from conftest import MODELS, reference
+from conftest import CLI, MODELS, reference
 
 ST_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 NUMPY = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -76,3 +79,35 @@ def test_torch(models):
                                    "bf16": torch.bfloat16}[dtype]
                 assert t.view(torch.uint8).numpy().tobytes() == raw
                 assert torch.equal(f.get_slice(name)[1:3], t[1:3])
+
+
+@pytest.fixture(scope="module")
+def unets(tmpdir_session):
+    out = []
+    for fmt, dt in (("safetensors", "f16"), ("gguf", "q8_0")):
+        path = os.path.join(tmpdir_session, "unet_%s.%s" % (dt, fmt))
+        subprocess.run([CLI, "gen", "-q", "-o", path, "--arch", "unet", "--dim", "32",
+                        "--layers", "1", "--dtype", dt], check=True)
+        out.append(path)
+    return out
+
+
+def test_conv_kernels_and_mixed_types(unets):
+    """4-D conv kernels (slices along the outermost axis of a 4-D tensor) and GGUF files that
+    mix quantized, f16 and f32 tensors."""
+    for path in unets:
+        want, _ = reference(path)
+        with ferry.safe_open(path) as f:
+            assert f.keys() == sorted(want)
+            n4 = 0
+            for name in f.keys():
+                dtype, shape, raw = want[name]
+                a = f.get_tensor(name)
+                assert a.tobytes() == raw, name
+                ref = as_numpy(dtype, shape, raw)
+                if len(shape) == 4:
+                    n4 += 1
+                    s = f.get_slice(name)
+                    assert np.array_equal(s[1:3], ref[1:3]), name
+                    assert np.array_equal(s[-1, :, 0], ref[-1, :, 0]), name
+            assert n4 > 10
