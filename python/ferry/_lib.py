@@ -182,6 +182,7 @@ _FUNCS = {
     "ferry_device_count": (c_int, [P]),
     "ferry_get_device_info": (c_int, [P, c_int, POINTER(DeviceInfo)]),
     "ferry_set_budget": (c_int, [P, c_int, c_uint64]),
+    "ferry_reserve": (c_int, [P, c_int, c_uint64]),
     "ferry_open": (c_int, [P, c_char_p, c_char_p]),
     "ferry_catalog_of": (P, [P]),
     "ferry_group_add": (c_int, [P, c_char_p, c_char_p, POINTER(Policy)]),

@@ -182,7 +182,8 @@ class Manager:
     """A ferry manager: model files, groups with placement policies, budgets, prepared tensors.
 
     ``Manager(host_budget=None, devices=(), io_threads=None, schedule=True)``: HOST_BUDGET is
-    the bytes of host RAM ferry may hold (an int or "4GiB"; None: no limit); DEVICES are device
+    the bytes of host RAM ferry may hold (an int or "4GiB"; None: ferry's default host budget,
+    what the host can give less a margin; above the host's capacity: EBUDGET); DEVICES are device
     specs added after the cpu (device 0): "sim:8GiB@25GB/s", "cuda:0", their ids 1, 2, ...;
     IO_THREADS the I/O workers (None: ferry's default); SCHEDULE=False never records an access
     order. Use it as a context manager, or call ``close()``. Thread-safe as the C API is.
@@ -194,6 +195,15 @@ class Manager:
         opt.host_budget = parse_size(host_budget) if host_budget else 0
         opt.no_schedule = 0 if schedule else 1
         p = L.ferry_create(byref(opt))
+        if not p and opt.host_budget:
+            # ferry_create refuses a host budget above the host's capacity; a manager made
+            # without it says why
+            opt.host_budget = 0
+            q = L.ferry_create(byref(opt))
+            rc = L.ferry_set_budget(q, 0, parse_size(host_budget)) if q else -2
+            msg = _s(L.ferry_errmsg(q)) if q else "ferry_create: out of memory"
+            L.ferry_destroy(q)
+            raise error(rc or -18, msg)
         if not p:
             raise error(-2, "ferry_create: out of memory")
         self._n = _Native(p)
@@ -279,6 +289,12 @@ class Manager:
         """Sets DEVICE's budget (an id, or a spec given at creation; 0 or "cpu" is the host
         budget) to SIZE bytes (int or "2GiB"; 0: the default)."""
         self._check(L.ferry_set_budget(self._p(), self._device(device), parse_size(size)))
+
+    def reserve(self, device, size):
+        """Reserves SIZE bytes (int or "1GiB") of DEVICE's budget for the engine's own memory
+        (KV cache, activations), replacing the previous reservation there (0 gives it back);
+        cached copies are evicted to make room (EBUDGET when it cannot fit)."""
+        self._check(L.ferry_reserve(self._p(), self._device(device), parse_size(size)))
 
     def open(self, path, prefix=None):
         """Opens a model (GGUF, safetensors, a sharded index, a split GGUF) and adds its tensors,

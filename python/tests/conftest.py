@@ -124,3 +124,13 @@ def reference(path):
         return {k: (d, tuple(reversed(s)), b) for k, (d, s, b) in t.items()}, meta
     t, meta = read_safetensors(path)
     return {k: (d.lower(), s, b) for k, (d, s, b) in t.items()}, meta
+
+
+def in_use_bytes(m):
+    """Host bytes of tensors still prepared: the host budget cut to 1 byte evicts everything else
+    (ferry_set_budget keeps prepared tensors), then the default budget comes back."""
+    m.set_budget("cpu", 1)
+    try:
+        return m.stats()["resident_bytes"][0]
+    finally:
+        m.set_budget("cpu", 0)

@@ -45,6 +45,20 @@ def test_plan_stats_budget_devices_trace(models, tmpdir_session):
         assert len(st["resident_bytes"]) == 2 and isinstance(st["wait_seconds"], float)
 
 
+def test_budgets_and_reservations(models):
+    with pytest.raises(ferry.EBUDGET, match="budget"):
+        ferry.Manager(host_budget=1 << 62)          # above what the host can ever hold
+    with ferry.Manager(host_budget="64MiB") as m:
+        m.open(models[("gguf", "f16")])
+        m.group("all", "*", home="disk", load="read")
+        m.reserve("cpu", "1MiB")
+        assert m.devices()[0]["used_bytes"] >= 1 << 20
+        with pytest.raises(ferry.EBUDGET):
+            m.reserve(0, "1GiB")                     # above the budget itself
+        m.reserve(0, 0)
+        assert m.devices()[0]["used_bytes"] < 1 << 20
+
+
 def test_writable_policy(models):
     path = models[("safetensors", "f32")]
     with ferry.Manager() as m:
