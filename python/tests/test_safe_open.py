@@ -1,6 +1,8 @@
 """ferry.safe_open behaves like safetensors' own safe_open: the same keys, metadata, shapes,
 dtypes, values and slices as the file read from its specification (conftest.py)."""
+import json
 import os
+import struct
 import subprocess
 
 import numpy as np
@@ -111,3 +113,39 @@ def test_conv_kernels_and_mixed_types(unets):
                     assert np.array_equal(s[1:3], ref[1:3]), name
                     assert np.array_equal(s[-1, :, 0], ref[-1, :, 0]), name
             assert n4 > 10
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file from {name: (DTYPE, shape, bytes)}, written from the specification."""
+    header, off = {}, 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for _, _, raw in tensors.values():
+            f.write(raw)
+
+
+def test_sharded_index(models, tmpdir_session):
+    want, _ = reference(models[("safetensors", "bf16")])
+    names = sorted(want)
+    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+    folder = os.path.join(tmpdir_session, "sharded")
+    os.makedirs(folder, exist_ok=True)
+    weight_map = {}
+    for i, part in enumerate(shards):
+        fname = "model-%05d-of-00002.safetensors" % (i + 1)
+        write_safetensors(os.path.join(folder, fname),
+                          {n: (want[n][0].upper(), want[n][1], want[n][2]) for n in part})
+        weight_map.update({n: fname for n in part})
+    index = os.path.join(folder, "model.safetensors.index.json")
+    with open(index, "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with ferry.safe_open(index) as f:
+        assert f.keys() == names
+        for n in names:
+            assert f.get_tensor(n).tobytes() == want[n][2]
+            assert f.get_slice(n)[1:2].tobytes() == as_numpy(*want[n])[1:2].tobytes()
