@@ -17,7 +17,7 @@ from ._array import Array
 from ._dtypes import dequantize, matvec
 from ._errors import *  # noqa: F401,F403  (FerryError and one subclass per code)
 from ._errors import FerryError, __all__ as _error_names
-from ._manager import DeviceTensor, Lora, Manager, Prepared, parse_size
+from ._manager import DeviceTensor, Lora, Manager, Prepared, guard_sigbus, parse_size
 from ._safe_open import SafeOpen, safe_open
 
 __version__ = "0.1.0"
@@ -34,5 +34,5 @@ def dtype_name(dtype):
 
 
 __all__ = ["Manager", "safe_open", "SafeOpen", "dequantize", "matvec", "Array", "Prepared", "Lora",
-           "DeviceTensor", "parse_size", "dtype_name", "library_path", "library_version",
+           "DeviceTensor", "parse_size", "guard_sigbus", "dtype_name", "library_path", "library_version",
            "__version__"] + list(_error_names)

@@ -10,7 +10,7 @@ _CODES = [
     ("ELIMIT", -14, None), ("EJSON", -15, None), ("EPATH", -16, None), ("ETYPE", -17, TypeError),
     ("EBUDGET", -18, None), ("EBUSY", -19, None), ("EDEVICE", -20, None),
     ("ECANCELED", -21, None), ("EUNSUPPORTED", -22, None), ("ELORA", -23, None),
-    ("EMISMATCH", -24, None),
+    ("EMISMATCH", -24, None), ("ECHANGED", -25, None),
 ]
 
 

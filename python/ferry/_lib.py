@@ -215,6 +215,8 @@ _FUNCS = {
     "ferry_plan": (c_int, [P, POINTER(POINTER(Placement)), POINTER(c_size_t),
                            POINTER(PlanTotals)]),
     "ferry_get_stats": (c_int, [P, POINTER(Stats)]),
+    "ferry_check_files": (c_int, [P]),
+    "ferry_guard_sigbus": (c_int, [c_int]),
     "ferry_trace_start": (c_int, [P, c_char_p]),
     "ferry_trace_stop": (c_int, [P]),
 }

@@ -74,6 +74,15 @@ def info_dict(info):
             "nbytes": info.nbytes}
 
 
+def guard_sigbus(on=True):
+    """Installs (ON) or removes ferry's process-wide SIGBUS guard: a read of a zero-copy array
+    whose file was truncated under it sees zeros instead of killing the process, and the file's
+    next check raises ECHANGED (ferry_guard_sigbus). Off by default."""
+    rc = L.ferry_guard_sigbus(1 if on else 0)
+    if rc:
+        raise error(rc, "ferry_guard_sigbus(%d)" % (1 if on else 0))
+
+
 class _Native:
     """Owns one ferry*: destroyed when the Manager is closed and no array over its memory is
     left (each Hold keeps it alive)."""
@@ -516,6 +525,12 @@ class Manager:
         """Drops every reference of every tensor (arrays still alive become invalid: use it only
         when none is left)."""
         self._check(L.ferry_release_all(self._p()))
+
+    def check_files(self):
+        """Raises ECHANGED, naming the file and what changed, when a file the manager has open
+        is no longer what was opened (an engine computing on zero-copy arrays calls it after
+        the compute to know its inputs held); prepare does the same for its tensors' files."""
+        self._check(L.ferry_check_files(self._p()))
 
     # ---- LoRA --------------------------------------------------------------------------------
     def add_lora(self, path, multiplier=1.0, base_prefix=None, target_prefix=None,

@@ -110,3 +110,32 @@ def test_other_major_version_refused(tmpdir_session):
     r = run_import(dict(clean_env(), FERRY_LIBRARY=so))
     assert r.returncode != 0
     assert "libferry 1.2.3 (major version 1); this package needs major version 0" in r.stderr
+
+
+def test_one_class_per_code_of_the_header():
+    header = os.path.join(PKG, "..", "include", "ferry.h")
+    if not os.path.isfile(header):
+        pytest.skip("not in a source tree: no include/ferry.h beside python/")
+    import re
+    with open(header) as f:
+        codes = dict((m.group(1), int(m.group(2)))
+                     for m in re.finditer(r"FERRY_(E[A-Z]+) = (-\d+)", f.read()))
+    assert codes and all(getattr(ferry, n).code == c for n, c in codes.items()), codes
+    assert len(ferry._errors.BY_CODE) == len(codes)
+
+
+def test_changed_file(models, tmpdir_session):
+    path = os.path.join(tmpdir_session, "changing.safetensors")
+    shutil.copyfile(models[("safetensors", "f16")], path)
+    with ferry.safe_open(path) as f:
+        f.get_tensor("output_norm.weight")
+        f._m.check_files()
+        with open(path, "r+b") as g:       # same size, other bytes, another modification time
+            g.seek(-64, 2)
+            g.write(b"\xff" * 64)
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with pytest.raises(ferry.ECHANGED, match="changing.safetensors"):
+            f.get_tensor("output.weight")
+        with pytest.raises(ferry.ECHANGED):
+            f._m.check_files()
