@@ -17,7 +17,7 @@ MODELS = [(fmt, dt) for fmt in ("gguf", "safetensors") for dt in ("f32", "f16", 
 
 
 @pytest.fixture(scope="session")
-def tmpdir_session():
+def workdir():
     base = os.environ.get("FERRY_TEST_TMP")
     if base:
         os.makedirs(base, exist_ok=True)
@@ -30,11 +30,11 @@ def gen(out, *args):
 
 
 @pytest.fixture(scope="session")
-def models(tmpdir_session):
+def models(workdir):
     """(format, dtype) -> path of a small generated model."""
     out = {}
     for fmt, dt in MODELS:
-        out[(fmt, dt)] = gen(os.path.join(tmpdir_session, "m_%s.%s" % (dt, fmt)), "--dtype", dt,
+        out[(fmt, dt)] = gen(os.path.join(workdir, "m_%s.%s" % (dt, fmt)), "--dtype", dt,
                              "--seed", "7")
     return out
 

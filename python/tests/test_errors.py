@@ -12,14 +12,14 @@ import ferry
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(ferry.__file__)))
 
 
-def test_codes_and_messages(models, tmpdir_session):
+def test_codes_and_messages(models, workdir):
     assert issubclass(ferry.ENOENT, ferry.FerryError) and ferry.ENOENT.code == -4
     assert ferry.EFORMAT.__name__ == "EFORMAT" and ferry.EBUDGET.code == -18
     m = ferry.Manager(host_budget="64KiB")
     with pytest.raises(ferry.ENOENT) as e:
-        m.open(os.path.join(tmpdir_session, "missing.gguf"))
+        m.open(os.path.join(workdir, "missing.gguf"))
     assert "missing.gguf" in str(e.value) and e.value.strerror
-    bad = os.path.join(tmpdir_session, "truncated.safetensors")
+    bad = os.path.join(workdir, "truncated.safetensors")
     with open(models[("safetensors", "f16")], "rb") as f:
         blob = f.read()
     with open(bad, "wb") as f:
@@ -73,7 +73,7 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in ("FERRY_LIBRARY", "LD_LIBRARY_PATH")}
 
 
-def test_library_search_order(tmpdir_session):
+def test_library_search_order(workdir):
     lib = os.path.realpath(ferry.library_path)
     # 1. $FERRY_LIBRARY
     r = run_import(dict(clean_env(), FERRY_LIBRARY=lib))
@@ -81,7 +81,7 @@ def test_library_search_order(tmpdir_session):
     r = run_import(dict(clean_env(), FERRY_LIBRARY="/nonexistent/libferry.so.0"))
     assert r.returncode != 0 and "FERRY_LIBRARY=/nonexistent/libferry.so.0: no such file" in r.stderr
     # 2. beside the package (before the system path)
-    copy = os.path.join(tmpdir_session, "beside")
+    copy = os.path.join(workdir, "beside")
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(os.path.join(PKG, "ferry"), os.path.join(copy, "ferry"),
                     ignore=shutil.ignore_patterns("__pycache__", "*.so*"))
@@ -97,12 +97,12 @@ def test_library_search_order(tmpdir_session):
         assert "libferry.so.0 not found" in r.stderr and "FERRY_LIBRARY" in r.stderr
 
 
-def test_other_major_version_refused(tmpdir_session):
+def test_other_major_version_refused(workdir):
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         pytest.skip("no C compiler to build a library of another major version")
-    src = os.path.join(tmpdir_session, "v1.c")
-    so = os.path.join(tmpdir_session, "libferry-v1.so")
+    src = os.path.join(workdir, "v1.c")
+    so = os.path.join(workdir, "libferry-v1.so")
     with open(src, "w") as f:
         f.write('unsigned ferry_version_number(void) { return 10203; }\n'
                 'const char *ferry_version(void) { return "1.2.3"; }\n')
@@ -124,8 +124,8 @@ def test_one_class_per_code_of_the_header():
     assert len(ferry._errors.BY_CODE) == len(codes)
 
 
-def test_changed_file(models, tmpdir_session):
-    path = os.path.join(tmpdir_session, "changing.safetensors")
+def test_changed_file(models, workdir):
+    path = os.path.join(workdir, "changing.safetensors")
     shutil.copyfile(models[("safetensors", "f16")], path)
     with ferry.safe_open(path) as f:
         f.get_tensor("output_norm.weight")

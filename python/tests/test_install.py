@@ -25,11 +25,11 @@ PROBE = ("import ferry, numpy; m = ferry.Manager(); print(ferry.library_path); "
          "print(ferry.library_version); m.close()")
 
 
-def test_cmake_install(tmpdir_session):
+def test_cmake_install(workdir):
     build = os.environ.get("FERRY_BUILD_DIR")
     if not build:
         pytest.skip("FERRY_BUILD_DIR is not set")
-    prefix = os.path.join(tmpdir_session, "prefix")
+    prefix = os.path.join(workdir, "prefix")
     shutil.rmtree(prefix, ignore_errors=True)
     cmake = os.environ.get("FERRY_CMAKE", "cmake")
     subprocess.run([cmake, "--install", build, "--prefix", prefix], check=True,
@@ -50,10 +50,10 @@ def test_cmake_install(tmpdir_session):
     assert os.path.realpath(link).startswith(os.path.realpath(prefix))
 
 
-def test_pip_install(tmpdir_session):
+def test_pip_install(workdir):
     if not all(importlib.util.find_spec(m) for m in ("pip", "setuptools")):
         pytest.skip("pip or setuptools is missing (python3-pip, python3-setuptools)")
-    work = os.path.join(tmpdir_session, "pip")
+    work = os.path.join(workdir, "pip")
     shutil.rmtree(work, ignore_errors=True)
     src = os.path.join(work, "src")
     shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info",

@@ -58,8 +58,8 @@ def test_release_at_block_end_frees_disk_copies(models):
         m.remove_group("all")    # nothing is prepared any more
 
 
-def test_thread_pool_prepares_and_releases(tmpdir_session):
-    path = os.path.join(tmpdir_session, "threads.gguf")
+def test_thread_pool_prepares_and_releases(workdir):
+    path = os.path.join(workdir, "threads.gguf")
     subprocess.run([CLI, "gen", "-q", "-o", path, "--layers", "4", "--dim", "128", "--ff", "256",
                     "--vocab", "256"], check=True)   # blk.* 1.3 MiB, 64 KiB a tensor at most
     want, _ = reference(path)

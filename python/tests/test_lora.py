@@ -11,9 +11,9 @@ from conftest import CLI, read_safetensors
 
 
 @pytest.fixture(scope="module")
-def base_and_lora(models, tmpdir_session):
+def base_and_lora(models, workdir):
     base = models[("safetensors", "f32")]
-    lora = os.path.join(tmpdir_session, "lora.safetensors")
+    lora = os.path.join(workdir, "lora.safetensors")
     subprocess.run([CLI, "gen", "-q", "--lora", base, "-o", lora, "--rank", "4", "--seed", "3"],
                    check=True)
     return base, lora

@@ -10,7 +10,7 @@ import ferry
 from conftest import reference
 
 
-def test_plan_stats_budget_devices_trace(models, tmpdir_session):
+def test_plan_stats_budget_devices_trace(models, workdir):
     path = models[("gguf", "f16")]
     want, _ = reference(path)
     with ferry.Manager(devices=["sim:16MiB"], io_threads=2) as m:
@@ -32,7 +32,7 @@ def test_plan_stats_budget_devices_trace(models, tmpdir_session):
         assert [d["kind"] for d in devs] == ["cpu", "sim"] and devs[1]["host_accessible"] is False
         m.set_budget("sim:16MiB", "8MiB")
         assert m.devices()[1]["budget"] == 8 << 20
-        trace = os.path.join(tmpdir_session, "trace.json")
+        trace = os.path.join(workdir, "trace.json")
         with m.trace(trace):
             with m.prepared([k for k in m.keys() if "blk.0." in k]) as ts:
                 assert len(ts) == 9

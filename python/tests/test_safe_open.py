@@ -84,10 +84,10 @@ def test_torch(models):
 
 
 @pytest.fixture(scope="module")
-def unets(tmpdir_session):
+def unets(workdir):
     out = []
     for fmt, dt in (("safetensors", "f16"), ("gguf", "q8_0")):
-        path = os.path.join(tmpdir_session, "unet_%s.%s" % (dt, fmt))
+        path = os.path.join(workdir, "unet_%s.%s" % (dt, fmt))
         subprocess.run([CLI, "gen", "-q", "-o", path, "--arch", "unet", "--dim", "32",
                         "--layers", "1", "--dtype", dt], check=True)
         out.append(path)
@@ -129,11 +129,11 @@ def write_safetensors(path, tensors):
             f.write(raw)
 
 
-def test_sharded_index(models, tmpdir_session):
+def test_sharded_index(models, workdir):
     want, _ = reference(models[("safetensors", "bf16")])
     names = sorted(want)
     shards = [names[: len(names) // 2], names[len(names) // 2:]]
-    folder = os.path.join(tmpdir_session, "sharded")
+    folder = os.path.join(workdir, "sharded")
     os.makedirs(folder, exist_ok=True)
     weight_map = {}
     for i, part in enumerate(shards):
