@@ -49,8 +49,14 @@ void runopts_add(runopts *r, cli_opt *opts, size_t *n)
     opts[(*n)++] = (cli_opt){"split", 0, CLI_OPT_STRING, &r->split};
 }
 
-int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv)
+/* Moves every LNG VALUE and LNG=VALUE (with SHRT also SHRT VALUE and SHRTVALUE) out of argv into
+ * VALS, *NVALS of at most MAX (WHAT names them when there are more); argv keeps the other
+ * arguments in order, and every argument from "--" on. */
+static int collect_repeated(const char *cmd, int *argc, char **argv, const char *lng,
+                            const char *shrt, const char **vals, int *nvals, int max,
+                            const char *what)
 {
+    size_t ll = strlen(lng), sl = shrt ? strlen(shrt) : 0;
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i], *val = NULL;
@@ -59,25 +65,31 @@ int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv
                 argv[out++] = argv[i++];
             break;
         }
-        if (strcmp(a, "-a") == 0 || strcmp(a, "--adapter") == 0) {
+        if (strcmp(a, lng) == 0 || (shrt && strcmp(a, shrt) == 0)) {
             if (i + 1 >= *argc)
                 return cli_usage_error(cmd, "%s needs a value", a);
             val = argv[++i];
-        } else if (strncmp(a, "--adapter=", 10) == 0) {
-            val = a + 10;
-        } else if (strncmp(a, "-a", 2) == 0 && a[2]) {
-            val = a + 2;
+        } else if (strncmp(a, lng, ll) == 0 && a[ll] == '=') {
+            val = a + ll + 1;
+        } else if (shrt && strncmp(a, shrt, sl) == 0 && a[sl]) {
+            val = a + sl;
         } else {
             argv[out++] = argv[i];
             continue;
         }
-        if (r->n_adapters >= RUNOPTS_MAX_ADAPTERS)
-            return cli_usage_error(cmd, "at most %d adapters", RUNOPTS_MAX_ADAPTERS);
-        r->adapters[r->n_adapters++] = val;
+        if (*nvals >= max)
+            return cli_usage_error(cmd, "at most %d %s", max, what);
+        vals[(*nvals)++] = val;
     }
     *argc = out;
     argv[out] = NULL;
     return 0;
+}
+
+int runopts_collect_adapters(const char *cmd, runopts *r, int *argc, char **argv)
+{
+    return collect_repeated(cmd, argc, argv, "--adapter", "-a", r->adapters, &r->n_adapters,
+                            RUNOPTS_MAX_ADAPTERS, "adapters");
 }
 
 static int parse_budget(const char *cmd, runopts *r)
@@ -217,31 +229,8 @@ static int parse_group(const char *cmd, const char *arg, const ferry_policy *bas
 
 int runopts_collect_groups(const char *cmd, runopts *r, int *argc, char **argv)
 {
-    int out = 1;
-    for (int i = 1; i < *argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        if (strcmp(a, "--") == 0) {
-            while (i < *argc)
-                argv[out++] = argv[i++];
-            break;
-        }
-        if (strcmp(a, "--group") == 0) {
-            if (i + 1 >= *argc)
-                return cli_usage_error(cmd, "--group needs a value");
-            val = argv[++i];
-        } else if (strncmp(a, "--group=", 8) == 0) {
-            val = a + 8;
-        } else {
-            argv[out++] = argv[i];
-            continue;
-        }
-        if (r->n_groups >= RUNOPTS_MAX_GROUPS)
-            return cli_usage_error(cmd, "at most %d --group options", RUNOPTS_MAX_GROUPS);
-        r->group_args[r->n_groups++] = val;
-    }
-    *argc = out;
-    argv[out] = NULL;
-    return 0;
+    return collect_repeated(cmd, argc, argv, "--group", NULL, r->group_args, &r->n_groups,
+                            RUNOPTS_MAX_GROUPS, "--group options");
 }
 
 int runopts_parse_groups(const char *cmd, runopts *r, const ferry_policy *base)
