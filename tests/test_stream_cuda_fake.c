@@ -13,63 +13,18 @@
  *    kernel (the fake counts frees of memory queued work uses), and leaves no event behind.
  */
 #include <dlfcn.h>
-#include <pthread.h>
-#include <time.h>
 
 #include "check.h"
 #include "devices/devices.h"
 #include "fake_cudart.h"
 #include "ferry_device.h"
-#include "model_fixture.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TSAN 1
-#endif
-#endif
-#ifndef TSAN
-#define TSAN 0
-#endif
+#include "stream_capture.h"
 
 static char g_path[1200];
 static fakecuda_get_stats_fn fc_stats;
 static fakecuda_launch_fn fc_launch;
 static int (*cuda_stream_create)(void **, unsigned);
 static int (*cuda_stream_destroy)(void *);
-
-typedef struct capture {
-    pthread_mutex_t m;
-    unsigned char *bytes;
-    size_t n;
-    int runs;
-} capture;
-
-static void capture_kernel(void *ud, const void *bytes, size_t n)
-{
-    capture *c = ud;
-    pthread_mutex_lock(&c->m);
-    free(c->bytes);
-    c->bytes = malloc(n ? n : 1);
-    if (c->bytes)
-        memcpy(c->bytes, bytes, n);
-    c->n = n;
-    c->runs++;
-    pthread_mutex_unlock(&c->m);
-}
-
-static int captured_is(capture *c, ferry_tensor *t)
-{
-    ferry_tensor_info info;
-    ferry_tensor_get_info(t, &info);
-    unsigned char *want = fixture_pread(info.file, info.offset, info.nbytes);
-    pthread_mutex_lock(&c->m);
-    int ok = want && c->bytes && c->n == info.nbytes && !memcmp(want, c->bytes, info.nbytes);
-    pthread_mutex_unlock(&c->m);
-    free(want);
-    return ok;
-}
 
 static fakecuda_stats stats(void)
 {
@@ -79,11 +34,10 @@ static fakecuda_stats stats(void)
     return s;
 }
 
-static double now_s(void)
+/* capture_kernel with the fake's kernel signature */
+static void capture_kernel_sz(void *ud, const void *bytes, size_t n)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    capture_kernel(ud, bytes, n);
 }
 
 static ferry *make(int *dev, uint64_t budget)
@@ -117,7 +71,7 @@ static void test_device_events(void *stream)
     capture cap = {.m = PTHREAD_MUTEX_INITIALIZER};
     uint64_t before = stats().stream_waits;
     /* a late kernel on the engine's stream, then a record behind it */
-    CHECK_EQ_INT(fc_launch(stream, buf, 4096, 200000, capture_kernel, &cap), 0);
+    CHECK_EQ_INT(fc_launch(stream, buf, 4096, 200000, capture_kernel_sz, &cap), 0);
     CHECK_EQ_INT(d->ops->event_record(d, ev, stream), 0);
     CHECK_EQ_INT(d->ops->event_query(d, ev), 0);
     /* the host waits for it: the kernel has run */
@@ -133,7 +87,7 @@ static void test_device_events(void *stream)
     CHECK_EQ_INT(d->ops->copy_h2d(d, buf, host, sizeof host, &tk), 0);
     CHECK_EQ_INT(d->ops->event_record(d, ev2, NULL), 0);
     CHECK_EQ_INT(d->ops->event_wait(d, ev2, stream), 0);
-    CHECK_EQ_INT(fc_launch(stream, buf, 4096, 0, capture_kernel, &cap), 0);
+    CHECK_EQ_INT(fc_launch(stream, buf, 4096, 0, capture_kernel_sz, &cap), 0);
     CHECK_EQ_INT(d->ops->event_record(d, ev, stream), 0);
     CHECK_EQ_INT(d->ops->event_wait(d, ev, NULL), 0);
     CHECK_EQ_INT(d->ops->wait(d, tk), 0);
@@ -156,7 +110,7 @@ static void run_pressure(int after, capture *cap, void *stream)
     ferry_tensor *b = ferry_find(f, "blk.0.attn_k.weight");
     CHECK_EQ_INT(ferry_prepare(f, &a, 1), 0);
     CHECK_EQ_INT(fc_launch(stream, ferry_tensor_data(a), (size_t)ferry_tensor_nbytes(a), 300000,
-                           capture_kernel, cap),
+                           capture_kernel_sz, cap),
                  0);
     double t0 = now_s();
     if (after) {
@@ -208,7 +162,7 @@ static void test_prepare_async(void *stream)
     CHECK(stats().stream_waits > waits);
     capture cap = {.m = PTHREAD_MUTEX_INITIALIZER};
     CHECK_EQ_INT(fc_launch(stream, ferry_tensor_data(ts[1]), (size_t)ferry_tensor_nbytes(ts[1]),
-                           0, capture_kernel, &cap),
+                           0, capture_kernel_sz, &cap),
                  0);
     ferry_event *done = NULL;
     CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
@@ -231,7 +185,7 @@ static void test_destroy_waits(void *stream)
     uint64_t misuse = stats().free_while_queued;
     CHECK_EQ_INT(ferry_prepare(f, &t, 1), 0);
     CHECK_EQ_INT(fc_launch(stream, ferry_tensor_data(t), (size_t)ferry_tensor_nbytes(t), 200000,
-                           capture_kernel, &cap),
+                           capture_kernel_sz, &cap),
                  0);
     ferry_event *done = NULL;
     CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
@@ -267,9 +221,7 @@ int main(void)
     }
     const char *dir = check_tmpdir("stream_cuda_fake");
     snprintf(g_path, sizeof g_path, "%s/m.gguf", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 2, 256, 512, 512, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_path, FERRY_FORMAT_GGUF, ts, n))
+    if (fixture_write_llama(g_path, 2, 256, 512, 512, FERRY_DTYPE_F32))
         return 2;
     void *stream = NULL;
     CHECK_EQ_INT(cuda_stream_create(&stream, 1), 0); /* the engine's, non-blocking */

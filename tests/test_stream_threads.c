@@ -12,66 +12,13 @@
  *  - on the cpu events are complete at once; a device table of version 1 never has its event
  *    members called; ferry_release_all waits for a release's pending event.
  */
-#include <pthread.h>
-#include <time.h>
-
 #include "check.h"
 #include "devices/devices.h"
 #include "ferry_device.h"
-#include "model_fixture.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TSAN 1
-#endif
-#endif
-#ifndef TSAN
-#define TSAN 0
-#endif
+#include "stream_capture.h"
 
 static char g_path[1200];
 
-typedef struct capture {
-    pthread_mutex_t m;
-    unsigned char *bytes;
-    uint64_t n;
-    int runs;
-} capture;
-
-static void capture_kernel(void *ud, const void *bytes, uint64_t n)
-{
-    capture *c = ud;
-    pthread_mutex_lock(&c->m);
-    free(c->bytes);
-    c->bytes = malloc(n ? n : 1);
-    if (c->bytes)
-        memcpy(c->bytes, bytes, n);
-    c->n = n;
-    c->runs++;
-    pthread_mutex_unlock(&c->m);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* 1 when C captured exactly T's bytes in the file. */
-static int captured_is(capture *c, ferry_tensor *t)
-{
-    ferry_tensor_info info;
-    ferry_tensor_get_info(t, &info);
-    unsigned char *want = fixture_pread(info.file, info.offset, info.nbytes);
-    pthread_mutex_lock(&c->m);
-    int ok = want && c->bytes && c->n == info.nbytes && !memcmp(want, c->bytes, info.nbytes);
-    pthread_mutex_unlock(&c->m);
-    free(want);
-    return ok;
-}
 
 /* A manager with SPEC as device *DEV (its device pointer in *SIM), every tensor computed there. */
 static ferry *make(const char *spec, ferry_device **sim, int *dev, uint64_t budget)
@@ -322,12 +269,8 @@ int main(void)
 {
     const char *dir = check_tmpdir("stream");
     snprintf(g_path, sizeof g_path, "%s/m.gguf", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 2, 256, 512, 512, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_path, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write %s\n", g_path);
+    if (fixture_write_llama(g_path, 2, 256, 512, 512, FERRY_DTYPE_F32))
         return 1;
-    }
     test_release_after();
     test_prepare_async();
     test_async_failure();
