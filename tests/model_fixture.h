@@ -118,6 +118,22 @@ static inline int fixture_write(const char *path, ferry_format fmt, const fixtur
     return rc;
 }
 
+/* Writes the fixture_layout model of LAYERS blocks (DIM, FF, VOCAB; weights of type WT) to PATH
+ * in GGUF; returns 0, or -1 with a line on stderr. */
+static inline int fixture_write_llama(const char *path, int layers, int dim, int ff, int vocab,
+                                      ferry_dtype wt)
+{
+    fixture_tensor *ts = calloc((size_t)layers * 5 + 3, sizeof *ts);
+    int rc = -1;
+    if (ts)
+        rc = fixture_write(path, FERRY_FORMAT_GGUF, ts,
+                           fixture_layout(ts, layers, dim, ff, vocab, wt, 0));
+    free(ts);
+    if (rc)
+        fprintf(stderr, "cannot write %s\n", path);
+    return rc;
+}
+
 /* Reads N bytes at OFF of PATH with plain pread: the independent reference. */
 static inline void *fixture_pread(const char *path, uint64_t off, uint64_t n)
 {
@@ -137,6 +153,17 @@ static inline void *fixture_pread(const char *path, uint64_t off, uint64_t n)
         return NULL;
     }
     return buf;
+}
+
+/* Writes PATH's dirty pages back and drops its pages from the page cache; 0 on success. */
+static inline int fixture_drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 ? 0 : -1;
+    close(fd);
+    return rc;
 }
 
 /* 1 when prepared tensor T holds exactly its bytes in the file (read back with ferry_tensor_read,

@@ -467,9 +467,7 @@ int main(void)
     snprintf(g_big, sizeof g_big, "%s/big.gguf", d);
     snprintf(g_lora_base, sizeof g_lora_base, "%s/q4.gguf", d);
     snprintf(g_lora, sizeof g_lora, "%s/lora.safetensors", d);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 4, 256, 512, 1000, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_model, FERRY_FORMAT_GGUF, ts, n))
+    if (fixture_write_llama(g_model, 4, 256, 512, 1000, FERRY_DTYPE_F32))
         return 2;
     if (run("gen -o '%s' --size 250MiB --layers 8", g_big) ||
         run("gen -o '%s' --dtype q4_0 --size 8MiB", g_lora_base) ||

@@ -73,6 +73,20 @@ static ferry *open_model(const char *dev, const char *path, ferry_home home, fer
     return f;
 }
 
+/* A fresh fixture model NAME in the scratch folder (PATH, of 1200 bytes, gets its path), opened
+ * on the cpu with HOME and LOAD (*TS, *N as open_model); both steps checked. NULL on failure. */
+static ferry *fresh_model(const char *name, char *path, ferry_home home, ferry_load load,
+                          ferry_tensor ***ts, size_t *n)
+{
+    snprintf(path, 1200, "%s/%s", g_dir, name);
+    CHECK_EQ_INT(make_model(path), 0);
+    *ts = NULL;
+    *n = 0;
+    ferry *f = open_model("cpu", path, home, load, ts, n);
+    CHECK(f != NULL);
+    return f;
+}
+
 /* ---- 1. truncation between prepares, every home, load mode and device -------------------------- */
 
 static void test_truncate_between_prepares(void)
@@ -213,15 +227,12 @@ static void test_own_copies_never_fault(void)
 static void test_overwrite_in_place(void)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s/overwrite.gguf", g_dir);
-    CHECK_EQ_INT(make_model(path), 0);
-    uint64_t size = file_size(path);
-    ferry_tensor **ts = NULL;
-    size_t n = 0;
-    ferry *f = open_model("cpu", path, FERRY_HOME_HOST, FERRY_LOAD_MMAP, &ts, &n);
-    CHECK(f != NULL);
+    ferry_tensor **ts;
+    size_t n;
+    ferry *f = fresh_model("overwrite.gguf", path, FERRY_HOME_HOST, FERRY_LOAD_MMAP, &ts, &n);
     if (!f)
         return;
+    uint64_t size = file_size(path);
     ferry_tensor *big = largest(ts, n);
     ferry_tensor_info info;
     ferry_tensor_get_info(big, &info);
@@ -248,12 +259,9 @@ static void test_overwrite_in_place(void)
 static void test_mtime_only(void)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s/mtime.gguf", g_dir);
-    CHECK_EQ_INT(make_model(path), 0);
-    ferry_tensor **ts = NULL;
-    size_t n = 0;
-    ferry *f = open_model("cpu", path, FERRY_HOME_HOST, FERRY_LOAD_READ, &ts, &n);
-    CHECK(f != NULL);
+    ferry_tensor **ts;
+    size_t n;
+    ferry *f = fresh_model("mtime.gguf", path, FERRY_HOME_HOST, FERRY_LOAD_READ, &ts, &n);
     if (!f)
         return;
     CHECK_EQ_INT(ferry_load_group(f, NULL), 0);
@@ -329,12 +337,9 @@ static void test_renamed_over(void)
 static void test_removed_is_no_change(void)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s/removed.gguf", g_dir);
-    CHECK_EQ_INT(make_model(path), 0);
-    ferry_tensor **ts = NULL;
-    size_t n = 0;
-    ferry *f = open_model("cpu", path, FERRY_HOME_DISK, FERRY_LOAD_READ, &ts, &n);
-    CHECK(f != NULL);
+    ferry_tensor **ts;
+    size_t n;
+    ferry *f = fresh_model("removed.gguf", path, FERRY_HOME_DISK, FERRY_LOAD_READ, &ts, &n);
     if (!f)
         return;
     ferry_tensor *t = largest(ts, n);

@@ -58,16 +58,6 @@ static uint64_t catalog_bytes(void)
     return sum;
 }
 
-static int drop_cache(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 ? 0 : -1;
-    close(fd);
-    return rc;
-}
-
 static void check_ok_run(const recorder *r, uint64_t total)
 {
     CHECK(r->calls >= 2);
@@ -81,7 +71,7 @@ static void check_ok_run(const recorder *r, uint64_t total)
 static void test_load_group(ferry_load load)
 {
     uint64_t total = catalog_bytes();
-    CHECK_EQ_INT(drop_cache(g_path), 0);
+    CHECK_EQ_INT(fixture_drop_cache(g_path), 0);
     ferry *f = ferry_create(NULL);
     ferry_policy p = {0};
     p.load = load;
@@ -106,7 +96,7 @@ static void test_load_group(ferry_load load)
 static void test_cancel_load(ferry_load load)
 {
     uint64_t total = catalog_bytes();
-    CHECK_EQ_INT(drop_cache(g_path), 0);
+    CHECK_EQ_INT(fixture_drop_cache(g_path), 0);
     /* one I/O worker: a group load's reads are still partly queued at the first report */
     ferry_options o = {.io_threads = 1};
     ferry *f = ferry_create(&o);
@@ -188,12 +178,8 @@ int main(void)
 {
     const char *dir = check_tmpdir("progress");
     snprintf(g_path, sizeof g_path, "%s/m.gguf", dir);
-    fixture_tensor ts[128];
-    size_t n = fixture_layout(ts, 16, 512, 1024, 2048, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_path, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write %s\n", g_path);
+    if (fixture_write_llama(g_path, 16, 512, 1024, 2048, FERRY_DTYPE_F32))
         return 1;
-    }
     test_load_group(FERRY_LOAD_READ);
     test_load_group(FERRY_LOAD_DIRECT);
     test_cancel_load(FERRY_LOAD_READ);

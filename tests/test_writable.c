@@ -17,16 +17,6 @@
 
 static char g_path[1200];
 
-static int drop_cache(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 ? 0 : -1;
-    close(fd);
-    return rc;
-}
-
 static int warm(const char *path)
 {
     int fd = open(path, O_RDONLY);
@@ -77,7 +67,7 @@ static int placement(ferry *f, const char *name, int *zero_copy, int *lazy)
  * faults on a write. Returns how many tensors were zero-copy or lazy. */
 static int check_read_only(ferry_load load, ferry_lazy lazy, int cold)
 {
-    CHECK_EQ_INT(cold ? drop_cache(g_path) : warm(g_path), 0);
+    CHECK_EQ_INT(cold ? fixture_drop_cache(g_path) : warm(g_path), 0);
     ferry *f = ferry_create(NULL);
     ferry_policy p = {0};
     p.load = load;
@@ -134,7 +124,7 @@ static void test_read_only(void)
  * written in place without touching the file or another tensor. */
 static void check_writable(ferry_load load, ferry_lazy lazy, int cold)
 {
-    CHECK_EQ_INT(cold ? drop_cache(g_path) : warm(g_path), 0);
+    CHECK_EQ_INT(cold ? fixture_drop_cache(g_path) : warm(g_path), 0);
     ferry *f = ferry_create(NULL);
     ferry_policy p = {0};
     p.load = load;
@@ -221,12 +211,8 @@ int main(void)
 {
     const char *dir = check_tmpdir("writable");
     snprintf(g_path, sizeof g_path, "%s/m.gguf", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 2, 256, 512, 512, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_path, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write %s\n", g_path);
+    if (fixture_write_llama(g_path, 2, 256, 512, 512, FERRY_DTYPE_F32))
         return 1;
-    }
     test_read_only();
     test_writable_policy();
     test_staged();
