@@ -1,7 +1,8 @@
 /*
  * stream_capture.h — what the stream-ordering tests share: a late "kernel" callback that copies
  * the device bytes it reads into a capture, a check of a capture against the tensor's bytes in
- * the file (plain pread), a monotonic clock, and TSAN (1 under ThreadSanitizer).
+ * the file (plain pread), the manager they stream through, a monotonic clock, and TSAN (1 under
+ * ThreadSanitizer).
  */
 #ifndef FERRY_STREAM_CAPTURE_H
 #define FERRY_STREAM_CAPTURE_H
@@ -9,6 +10,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "check.h"
 #include "model_fixture.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -55,6 +57,20 @@ static inline int captured_is(capture *c, ferry_tensor *t)
     pthread_mutex_unlock(&c->m);
     free(want);
     return ok;
+}
+
+/* Opens PATH in F (a device DEV added) with every tensor in one group "all", computed on DEV and
+ * loaded by mmap, under BUDGET bytes on DEV when nonzero; each step checked. Returns F. */
+static inline ferry *capture_manager(ferry *f, int dev, uint64_t budget, const char *path)
+{
+    if (budget)
+        CHECK_EQ_INT(ferry_set_budget(f, dev, budget), 0);
+    ferry_policy p = {0};
+    p.compute_device = dev;
+    p.load = FERRY_LOAD_MMAP;
+    CHECK_EQ_INT(ferry_open(f, path, NULL), 0);
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    return f;
 }
 
 static inline double now_s(void)

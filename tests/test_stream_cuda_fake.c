@@ -44,14 +44,7 @@ static ferry *make(int *dev, uint64_t budget)
 {
     ferry *f = ferry_create(NULL);
     CHECK_EQ_INT(ferry_add_device(f, "cuda:0", dev), 0);
-    if (budget)
-        CHECK_EQ_INT(ferry_set_budget(f, *dev, budget), 0);
-    ferry_policy p = {0};
-    p.compute_device = *dev;
-    p.load = FERRY_LOAD_MMAP;
-    CHECK_EQ_INT(ferry_open(f, g_path, NULL), 0);
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
-    return f;
+    return capture_manager(f, *dev, budget, g_path);
 }
 
 /* The device's event ops, directly. */

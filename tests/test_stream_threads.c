@@ -27,14 +27,7 @@ static ferry *make(const char *spec, ferry_device **sim, int *dev, uint64_t budg
     char msg[256];
     CHECK_EQ_INT(ferry_device_open(spec, sim, msg, sizeof msg), 0);
     CHECK_EQ_INT(ferry_add_device_custom(f, *sim, dev), 0);
-    if (budget)
-        CHECK_EQ_INT(ferry_set_budget(f, *dev, budget), 0);
-    ferry_policy p = {0};
-    p.compute_device = *dev;
-    p.load = FERRY_LOAD_MMAP;
-    CHECK_EQ_INT(ferry_open(f, g_path, NULL), 0);
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
-    return f;
+    return capture_manager(f, *dev, budget, g_path);
 }
 
 /* A is prepared, a late kernel reads it on the compute queue, A is released (after an event
