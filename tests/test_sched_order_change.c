@@ -11,6 +11,24 @@
 
 #define N 40
 
+/* Six passes over positions N_POS-1 down to 0 of S; returns how often, in the last three, the
+ * schedule's next position was the one that followed (*TOTAL: how often it was asked). */
+static int reversed_passes(ferry__sched *s, uint32_t n_pos, int *total)
+{
+    int right = 0;
+    for (int pass = 0; pass < 6; pass++)
+        for (uint32_t k = 0; k < n_pos; k++) {
+            uint32_t id = n_pos - 1 - k;
+            ferry__sched_touch(s, id);
+            if (pass >= 3) {
+                uint32_t want = k + 1 < n_pos ? id - 1 : n_pos - 1;
+                right += ferry__sched_ahead(s, 1) == want;
+                (*total)++;
+            }
+        }
+    return right;
+}
+
 /* After the order changes for good (here: reversed), the schedule must follow the new order
  * within a couple of passes: either re-recorded, or at least predicting the next tensor. */
 static void test_reversed_order(void)
@@ -22,17 +40,7 @@ static void test_reversed_order(void)
             ferry__sched_touch(&s, i);
     CHECK(s.complete);
     CHECK_EQ_INT(ferry__sched_ahead(&s, 1), 0); /* after N-1 comes 0 */
-    int right = 0, total = 0;
-    for (int pass = 0; pass < 6; pass++)
-        for (uint32_t k = 0; k < N; k++) {
-            uint32_t id = N - 1 - k;
-            ferry__sched_touch(&s, id);
-            if (pass >= 3) {
-                uint32_t want = k + 1 < N ? id - 1 : N - 1;
-                right += ferry__sched_ahead(&s, 1) == want;
-                total++;
-            }
-        }
+    int total = 0, right = reversed_passes(&s, N, &total);
     if (right < total * 9 / 10)
         fprintf(stderr, "reversed order: the schedule predicts the next tensor %d times of %d "
                         "after 3 passes in the new order (complete %d, passes %llu, len %zu)\n",
@@ -52,17 +60,7 @@ static void test_reversed_order_small(void)
         for (uint32_t i = 0; i < M; i++)
             ferry__sched_touch(&s, i);
     uint64_t passes0 = s.passes;
-    int right = 0, total = 0;
-    for (int pass = 0; pass < 6; pass++)
-        for (uint32_t k = 0; k < M; k++) {
-            uint32_t id = M - 1 - k;
-            ferry__sched_touch(&s, id);
-            if (pass >= 3) {
-                uint32_t want = k + 1 < M ? id - 1 : M - 1;
-                right += ferry__sched_ahead(&s, 1) == want;
-                total++;
-            }
-        }
+    int total = 0, right = reversed_passes(&s, M, &total);
     if (right < total * 9 / 10)
         fprintf(stderr, "reversed order (8 tensors): %d right of %d, %llu passes counted for 6\n",
                 right, total, (unsigned long long)(s.passes - passes0));

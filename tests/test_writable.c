@@ -63,17 +63,29 @@ static int placement(ferry *f, const char *name, int *zero_copy, int *lazy)
     return rc;
 }
 
-/* Default policy but LOAD and LAZY: nothing is writable; what the plan serves from the mapping
- * faults on a write. Returns how many tensors were zero-copy or lazy. */
-static int check_read_only(ferry_load load, ferry_lazy lazy, int cold)
+/* A manager over the model with every tensor under LOAD, LAZY and WRITABLE, the file dropped from
+ * the page cache first when COLD, read through when not; *TS its tensors (free() it), *N how many. */
+static ferry *open_in_state(ferry_load load, ferry_lazy lazy, int writable, int cold,
+                            ferry_tensor ***ts, size_t *n)
 {
     CHECK_EQ_INT(cold ? fixture_drop_cache(g_path) : warm(g_path), 0);
     ferry *f = ferry_create(NULL);
     ferry_policy p = {0};
     p.load = load;
     p.lazy = lazy;
-    size_t n = 0;
-    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
+    p.writable = writable;
+    *n = 0;
+    *ts = fixture_open_all(f, g_path, &p, n);
+    return f;
+}
+
+/* Default policy but LOAD and LAZY: nothing is writable; what the plan serves from the mapping
+ * faults on a write. Returns how many tensors were zero-copy or lazy. */
+static int check_read_only(ferry_load load, ferry_lazy lazy, int cold)
+{
+    ferry_tensor **ts;
+    size_t n;
+    ferry *f = open_in_state(load, lazy, 0, cold, &ts, &n);
     CHECK(ts && n > 0);
     int mapped = 0;
     CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
@@ -124,14 +136,9 @@ static void test_read_only(void)
  * written in place without touching the file or another tensor. */
 static void check_writable(ferry_load load, ferry_lazy lazy, int cold)
 {
-    CHECK_EQ_INT(cold ? fixture_drop_cache(g_path) : warm(g_path), 0);
-    ferry *f = ferry_create(NULL);
-    ferry_policy p = {0};
-    p.load = load;
-    p.lazy = lazy;
-    p.writable = 1;
-    size_t n = 0;
-    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
+    ferry_tensor **ts;
+    size_t n;
+    ferry *f = open_in_state(load, lazy, 1, cold, &ts, &n);
     CHECK(ts && n >= 2);
     if (!ts || n < 2) {
         ferry_destroy(f);
