@@ -16,14 +16,9 @@
 #include "ferry.h"
 #include "formats/formats.h"
 
-#include "cli_harness.h"
+#include "cli_json.h"
 
 /* ---- JSON (the library's strict parser: what parses is valid JSON) -------------------------- */
-
-static const ferry__json *jget(const ferry__json *o, const char *key)
-{
-    return o && o->type == FERRY__JSON_OBJECT ? ferry__json_get(o, key) : NULL;
-}
 
 /* The number J (any JSON number), or NAN when J is absent or not a number. */
 static double jnum(const ferry__json *j)
@@ -79,19 +74,6 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
     CHECK(fabs(eff - bound / secs) <= 1e-9 * eff + 1e-12);
     const ferry__json *ps = jget(s, "pass_seconds");
     CHECK(ps && ps->type == FERRY__JSON_ARRAY && ps->n >= 3);
-}
-
-/* Parses the last command's stdout into DOC (free with ferry__json_free); 0, or the parser's
- * code after printing what did not parse. */
-static int parse_stdout(ferry__json *doc)
-{
-    ferry__err e;
-    ferry__err_clear(&e);
-    memset(doc, 0, sizeof *doc);
-    int rc = ferry__json_parse(out_text, out_len, "stdout", doc, &e);
-    if (rc)
-        fprintf(stderr, "JSON does not parse: %s\n%s\n%s\n", e.msg, out_text, err_text);
-    return rc;
 }
 
 static void test_json(const char *model_path)

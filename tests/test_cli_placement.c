@@ -13,12 +13,7 @@
 #include "ferry.h"
 #include "formats/formats.h"
 
-#include "cli_harness.h"
-
-static const ferry__json *jget(const ferry__json *o, const char *key)
-{
-    return o && o->type == FERRY__JSON_OBJECT ? ferry__json_get(o, key) : NULL;
-}
+#include "cli_json.h"
 
 static const char *jstr(const ferry__json *o, const char *key)
 {
@@ -40,17 +35,6 @@ static uint64_t ju64(const ferry__json *o, const char *key)
     if (!j || ferry__json_u64(j, &v))
         return UINT64_MAX;
     return v;
-}
-
-static int parse_stdout(ferry__json *doc)
-{
-    ferry__err e;
-    ferry__err_clear(&e);
-    memset(doc, 0, sizeof *doc);
-    int rc = ferry__json_parse(out_text, out_len, "stdout", doc, &e);
-    if (rc)
-        fprintf(stderr, "JSON does not parse: %s\n%s\n%s\n", e.msg, out_text, err_text);
-    return rc;
 }
 
 /* The first line of the last command's stderr, into BUF. */
