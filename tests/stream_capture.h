@@ -73,6 +73,15 @@ static inline ferry *capture_manager(ferry *f, int dev, uint64_t budget, const c
     return f;
 }
 
+/* A new event of device DEV recorded on STREAM, both steps checked. */
+static inline ferry_event *capture_record(ferry *f, int dev, void *stream)
+{
+    ferry_event *ev = NULL;
+    CHECK_EQ_INT(ferry_event_create(f, dev, &ev), 0);
+    CHECK_EQ_INT(ferry_event_record(ev, stream), 0);
+    return ev;
+}
+
 static inline double now_s(void)
 {
     struct timespec ts;

@@ -107,9 +107,7 @@ static void run_pressure(int after, capture *cap, void *stream)
                  0);
     double t0 = now_s();
     if (after) {
-        ferry_event *done = NULL;
-        CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-        CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+        ferry_event *done = capture_record(f, dev, stream);
         CHECK_EQ_INT(ferry_release_after(f, &a, 1, done), 0);
         ferry_event_destroy(done);
     } else {
@@ -157,9 +155,7 @@ static void test_prepare_async(void *stream)
     CHECK_EQ_INT(fc_launch(stream, ferry_tensor_data(ts[1]), (size_t)ferry_tensor_nbytes(ts[1]),
                            0, capture_kernel_sz, &cap),
                  0);
-    ferry_event *done = NULL;
-    CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-    CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+    ferry_event *done = capture_record(f, dev, stream);
     CHECK_EQ_INT(ferry_release_after(f, ts, 2, done), 0);
     CHECK_EQ_INT(ferry_event_synchronize(done), 0);
     CHECK(captured_is(&cap, ts[1]));
@@ -180,9 +176,7 @@ static void test_destroy_waits(void *stream)
     CHECK_EQ_INT(fc_launch(stream, ferry_tensor_data(t), (size_t)ferry_tensor_nbytes(t), 200000,
                            capture_kernel_sz, &cap),
                  0);
-    ferry_event *done = NULL;
-    CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-    CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+    ferry_event *done = capture_record(f, dev, stream);
     CHECK_EQ_INT(ferry_release_after(f, &t, 1, done), 0);
     ferry_event_destroy(done);
     ferry_destroy(f);

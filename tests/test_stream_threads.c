@@ -51,9 +51,7 @@ static void run_pressure(int after, capture *cap)
                  0);
     double t0 = now_s();
     if (after) {
-        ferry_event *done = NULL;
-        CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-        CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+        ferry_event *done = capture_record(f, dev, stream);
         CHECK_EQ_INT(ferry_event_query(done), 0); /* the kernel is still to run */
         CHECK_EQ_INT(ferry_release_after(f, &a, 1, done), 0);
         ferry_event_destroy(done); /* ferry keeps what the release needs */
@@ -74,9 +72,7 @@ static void run_pressure(int after, capture *cap)
     CHECK(fixture_same_as_file(f, b));
     CHECK_EQ_INT(ferry_release(f, &b, 1), 0);
     /* the kernel has run by now (a sync on the compute queue) */
-    ferry_event *sync = NULL;
-    CHECK_EQ_INT(ferry_event_create(f, dev, &sync), 0);
-    CHECK_EQ_INT(ferry_event_record(sync, stream), 0);
+    ferry_event *sync = capture_record(f, dev, stream);
     CHECK_EQ_INT(ferry_event_synchronize(sync), 0);
     CHECK_EQ_INT(ferry_event_query(sync), 1);
     ferry_event_destroy(sync);
@@ -134,9 +130,7 @@ static void test_prepare_async(void)
     CHECK_EQ_INT(ferry__sim_kernel(sim, stream, ferry_tensor_data(ts[0]),
                                    ferry_tensor_nbytes(ts[0]), 0, capture_kernel, &cap),
                  0);
-    ferry_event *done = NULL;
-    CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-    CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+    ferry_event *done = capture_record(f, dev, stream);
     CHECK_EQ_INT(ferry_release_after(f, ts, 2, done), 0);
     CHECK_EQ_INT(ferry_event_synchronize(done), 0);
     CHECK(captured_is(&cap, ts[0]));
@@ -244,9 +238,7 @@ static void test_release_all_waits(void)
     CHECK_EQ_INT(ferry__sim_kernel(sim, stream, ferry_tensor_data(t), ferry_tensor_nbytes(t),
                                    200000, capture_kernel, &cap),
                  0);
-    ferry_event *done = NULL;
-    CHECK_EQ_INT(ferry_event_create(f, dev, &done), 0);
-    CHECK_EQ_INT(ferry_event_record(done, stream), 0);
+    ferry_event *done = capture_record(f, dev, stream);
     CHECK_EQ_INT(ferry_release_after(f, &t, 1, done), 0);
     ferry_event_destroy(done);
     CHECK_EQ_INT(ferry_release_all(f), 0);
