@@ -167,9 +167,7 @@ int main(void)
 {
     const char *dir = check_tmpdir("conform_threads");
     snprintf(g_path, sizeof g_path, "%s/model.gguf", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 4, 128, 256, 128, FERRY_DTYPE_F16, 0);
-    if (fixture_write(g_path, FERRY_FORMAT_GGUF, ts, n))
+    if (fixture_write_llama(g_path, 4, 128, 256, 128, FERRY_DTYPE_F16))
         return 2;
     run("cpu", FERRY_HOME_HOST, 0);
     run("cpu", FERRY_HOME_DISK, 0);

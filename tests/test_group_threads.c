@@ -174,9 +174,7 @@ int main(void)
     snprintf(g_model, sizeof g_model, "%s/model.gguf", dir);
     snprintf(g_slow, sizeof g_slow, "%s/slow.gguf", dir);
     snprintf(g_trace, sizeof g_trace, "%s/trace.json", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 3, 64, 128, 100, FERRY_DTYPE_Q8_0, 0);
-    if (fixture_write(g_model, FERRY_FORMAT_GGUF, ts, n))
+    if (fixture_write_llama(g_model, 3, 64, 128, 100, FERRY_DTYPE_Q8_0))
         return 2;
     fixture_tensor slow[2] = {{"slow.0", FERRY_DTYPE_F32, 2, {1024, 128, 0, 0}},
                               {"x", FERRY_DTYPE_F32, 2, {64, 64, 0, 0}}};

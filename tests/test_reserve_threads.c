@@ -146,9 +146,7 @@ int main(void)
 {
     const char *dir = check_tmpdir("reserve_threads");
     snprintf(g_model, sizeof g_model, "%s/model.gguf", dir);
-    fixture_tensor ts[64];
-    size_t n = fixture_layout(ts, 6, 128, 256, 500, FERRY_DTYPE_F32, 0);
-    if (fixture_write(g_model, FERRY_FORMAT_GGUF, ts, n))
+    if (fixture_write_llama(g_model, 6, 128, 256, 500, FERRY_DTYPE_F32))
         return 2;
     run_on("sim:64MiB", FERRY_HOME_HOST);
     run_on("cpu", FERRY_HOME_DISK);
