@@ -313,22 +313,13 @@ static KATTR float KFN(dot_q6_k)(ferry_dtype t, const uint8_t *w, const float *x
 {
     (void)t;
     vf8 acc = {0};
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), o32 = _mm256_set1_epi8(32);
+    const __m256i o32 = _mm256_set1_epi8(32);
     for (uint64_t b = 0; b < n / 256; b++, w += 210, x += 256) {
         float d = KSCALE(w + 208);
         const int8_t *sc = (const int8_t *)(w + 192);
         for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-            /* bits 2g, 2g+1 of each qh byte, moved to bits 4, 5 (no carry across bytes) */
-#define KQH(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, (sh)), m3), 4)
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), KQH(0));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), KQH(2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), KQH(4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), KQH(6));
-#undef KQH
+            ferry__q6k_quants_avx2(w, h, q);
             for (int g = 0; g < 4; g++) {
                 __m256i qs = _mm256_sub_epi8(q[g], o32);
                 __m128i a = _mm256_castsi256_si128(qs), bb = _mm256_extracti128_si256(qs, 1);

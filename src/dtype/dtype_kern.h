@@ -1,7 +1,8 @@
 /*
  * dtype_kern.h — private to src/dtype/: the scalar building blocks the conversion and dot-product
  * kernels share (unaligned little-endian loads, half-precision and bfloat16 conversions written so
- * that loops over them vectorize), and the test hook that pins the dot kernels to one ISA.
+ * that loops over them vectorize), the q6_K unpack of the AVX2 kernels, and the test hook that
+ * pins the dot kernels to one ISA.
  */
 #ifndef FERRY_DTYPE_KERN_H
 #define FERRY_DTYPE_KERN_H
@@ -103,6 +104,28 @@ static inline void ferry__k4_scale_min(const uint8_t *s, int j, int *sc, int *m)
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
 }
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* q6_K, for the AVX2 kernels: the four groups of 32 six-bit quants of half H (0 or 1) of block W
+ * into Q, as unsigned bytes 0..63: ql nibbles with qh bits 2g, 2g+1 moved to bits 4, 5 (the
+ * shifts are per 16-bit lane, masked, so nothing carries across bytes). */
+__attribute__((target("avx2"), always_inline)) static inline void
+ferry__q6k_quants_avx2(const uint8_t *w, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+#define FERRY__Q6QH(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, (sh)), m3), 4)
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), FERRY__Q6QH(0));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), FERRY__Q6QH(2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), FERRY__Q6QH(4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), FERRY__Q6QH(6));
+#undef FERRY__Q6QH
+}
+#endif
 
 /* Test hook: whether the kernels of src/dtype/ (dot products, GEMM, f16 conversions) use the
  * portable code only (1) or the best the CPU supports (0, the default). Tests set it between

@@ -302,22 +302,14 @@ VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    const __m256i k32 = _mm256_set1_epi8(32);
     for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
         const uint8_t *q8 = xq + 4;
         const int8_t *sc = (const int8_t *)(w + 192);
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-#define VQH(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, (sh)), m3), 4)
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), VQH(0));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), VQH(2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), VQH(4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), VQH(6));
-#undef VQH
+            ferry__q6k_quants_avx2(w, h, q);
             for (int g = 0; g < 4; g++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * g));
                 /* (q - 32) . x = q . x - 32 . x, q in 0..63 as unsigned bytes */
