@@ -1,8 +1,8 @@
 /*
  * cli_harness.h — running the ferry tool as a user does, for the CLI tests: `run("ARGS...")`
  * executes FERRY_CLI with ARGS through the shell, captures stdout and stderr (out_text,
- * err_text), and returns the exit status. The including test sets `tmp` to its scratch folder
- * first.
+ * err_text), and returns the exit status; expect_usage checks a usage error. The including test
+ * sets `tmp` to its scratch folder first.
  */
 #ifndef FERRY_CLI_HARNESS_H
 #define FERRY_CLI_HARNESS_H
@@ -10,7 +10,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
+
+#include "check.h"
 
 static const char *tmp;
 static char *out_text, *err_text; /* stdout and stderr of the last run */
@@ -70,6 +73,25 @@ static int run(const char *fmt, ...)
     if (st == -1 || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);
+}
+
+/* Lines of the last command's stderr. */
+static inline int err_lines(void)
+{
+    int n = 0;
+    for (const char *p = err_text; *p; p++)
+        n += *p == '\n';
+    return n;
+}
+
+/* The last command exited 2 with one message (and the pointer to --help) containing WANT. */
+static inline void expect_usage(int rc, const char *want)
+{
+    CHECK_EQ_INT(rc, 2);
+    CHECK(strstr(err_text, want) != NULL);
+    CHECK(err_lines() <= 2);
+    if (rc != 2 || !strstr(err_text, want) || err_lines() > 2)
+        fprintf(stderr, "expected exit 2 and '%s', got %d:\n%s", want, rc, err_text);
 }
 
 #endif

@@ -13,15 +13,6 @@
 
 #include "cli_harness.h"
 
-/* The last command exited 2 with WANT in its message. */
-static void usage(int rc, const char *want)
-{
-    CHECK_EQ_INT(rc, 2);
-    CHECK(strstr(err_text, want) != NULL);
-    if (rc != 2 || !strstr(err_text, want))
-        fprintf(stderr, "expected exit 2 and '%s', got %d:\n%s", want, rc, err_text);
-}
-
 int main(void)
 {
     tmp = check_tmpdir("cli_repeated_options");
@@ -35,27 +26,29 @@ int main(void)
     for (int c = 0; c < 2; c++) {
         const char *cmd = cmds[c];
         /* every spelling of an adapter reaches its parser (a multiplier that is no number) */
-        usage(run("%s -a '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
-        usage(run("%s '-a%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
-        usage(run("%s --adapter '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
-        usage(run("%s '--adapter=%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
-        usage(run("%s '%s' -a", cmd, model), "-a needs a value");
-        usage(run("%s '%s' --adapter", cmd, model), "--adapter needs a value");
+        expect_usage(run("%s -a '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
+        expect_usage(run("%s '-a%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
+        expect_usage(run("%s --adapter '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
+        expect_usage(run("%s '--adapter=%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
+        expect_usage(run("%s '%s' -a", cmd, model), "-a needs a value");
+        expect_usage(run("%s '%s' --adapter", cmd, model), "--adapter needs a value");
         /* both spellings of a group reach its parser */
-        usage(run("%s --group 'e=token*:colour=red' '%s'", cmd, model), "unknown key 'colour'");
-        usage(run("%s '--group=e=token*:colour=red' '%s'", cmd, model), "unknown key 'colour'");
-        usage(run("%s '%s' --group", cmd, model), "--group needs a value");
+        expect_usage(run("%s --group 'e=token*:colour=red' '%s'", cmd, model),
+                     "unknown key 'colour'");
+        expect_usage(run("%s '--group=e=token*:colour=red' '%s'", cmd, model),
+                     "unknown key 'colour'");
+        expect_usage(run("%s '%s' --group", cmd, model), "--group needs a value");
         /* the limits: 8 adapters, 16 groups */
         int len = snprintf(many, sizeof many, "%s", cmd);
         for (int i = 0; i < 9; i++)
             len += snprintf(many + len, sizeof many - (size_t)len, " -a '%s'", model);
-        usage(run("%s '%s'", many, model), "at most 8 adapters");
+        expect_usage(run("%s '%s'", many, model), "at most 8 adapters");
         len = snprintf(many, sizeof many, "%s", cmd);
         for (int i = 0; i < 16; i++)
             len += snprintf(many + len, sizeof many - (size_t)len, " --group 'g%d=blk.%d.*'", i, i);
         CHECK_EQ_INT(run("%s '%s'", many, model), 0);
         snprintf(many + len, sizeof many - (size_t)len, " --group 'g16=output*'");
-        usage(run("%s '%s'", many, model), "at most 16 --group options");
+        expect_usage(run("%s '%s'", many, model), "at most 16 --group options");
         /* after "--" an argument that looks like an option is a file that is not there */
         CHECK_EQ_INT(run("%s '%s' -- '-a%s:abc'", cmd, model, model), 1);
         CHECK(strstr(err_text, "bad multiplier") == NULL);

@@ -12,25 +12,6 @@
 
 #include "cli_harness.h"
 
-/* Lines of the last command's stderr. */
-static int err_lines(void)
-{
-    int n = 0;
-    for (const char *p = err_text; *p; p++)
-        n += *p == '\n';
-    return n;
-}
-
-/* The last command exited 2 with one message (and the pointer to --help) containing WANT. */
-static void usage(int rc, const char *want)
-{
-    CHECK_EQ_INT(rc, 2);
-    CHECK(strstr(err_text, want) != NULL);
-    CHECK(err_lines() <= 2);
-    if (rc != 2 || !strstr(err_text, want) || err_lines() > 2)
-        fprintf(stderr, "expected exit 2 and '%s', got %d:\n%s", want, rc, err_text);
-}
-
 int main(void)
 {
     tmp = check_tmpdir("cli_usage");
@@ -44,38 +25,42 @@ int main(void)
     for (int c = 0; c < 2; c++) {
         const char *cmd = cmds[c];
         /* device specs that do not parse */
-        usage(run("%s --device bogus '%s'", cmd, model), "unknown device");
-        usage(run("%s --device sim:abc '%s'", cmd, model), "bad capacity 'abc'");
-        usage(run("%s --device sim:1GiB@fast '%s'", cmd, model), "bad bandwidth");
-        usage(run("%s --device cuda:x '%s'", cmd, model), "cuda:x");
-        usage(run("%s --split sim:64MiB,nope '%s'", cmd, model), "unknown device");
-        usage(run("%s --split sim:64MiB,sim:64MiB:zero '%s'", cmd, model), "bad weight");
+        expect_usage(run("%s --device bogus '%s'", cmd, model), "unknown device");
+        expect_usage(run("%s --device sim:abc '%s'", cmd, model), "bad capacity 'abc'");
+        expect_usage(run("%s --device sim:1GiB@fast '%s'", cmd, model), "bad bandwidth");
+        expect_usage(run("%s --device cuda:x '%s'", cmd, model), "cuda:x");
+        expect_usage(run("%s --split sim:64MiB,nope '%s'", cmd, model), "unknown device");
+        expect_usage(run("%s --split sim:64MiB,sim:64MiB:zero '%s'", cmd, model), "bad weight");
         /* an adapter's multiplier: named as such, not as a file that cannot be opened */
-        usage(run("%s -a '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
+        expect_usage(run("%s -a '%s:abc' '%s'", cmd, model, model), "bad multiplier 'abc'");
         CHECK(strstr(err_text, "cannot open") == NULL);
-        usage(run("%s --adapter='%s:1.5x' '%s'", cmd, model, model), "bad multiplier '1.5x'");
+        expect_usage(run("%s --adapter='%s:1.5x' '%s'", cmd, model, model),
+                     "bad multiplier '1.5x'");
         /* a type ferry cannot convert to: one message, before any tensor is looked at */
-        usage(run("%s --compute-dtype q4_k '%s'", cmd, model), "cannot convert weights to q4_k");
-        usage(run("%s --compute-dtype nonesuch '%s'", cmd, model), "unknown type 'nonesuch'");
+        expect_usage(run("%s --compute-dtype q4_k '%s'", cmd, model),
+                     "cannot convert weights to q4_k");
+        expect_usage(run("%s --compute-dtype nonesuch '%s'", cmd, model),
+                     "unknown type 'nonesuch'");
         /* malformed groups */
-        usage(run("%s --group embd '%s'", cmd, model), "expected NAME=GLOB");
-        usage(run("%s --group =x '%s'", cmd, model), "expected NAME=GLOB");
-        usage(run("%s --group e=token*:colour=red '%s'", cmd, model), "unknown key 'colour'");
-        usage(run("%s --group e=token*:home=attic '%s'", cmd, model), "'attic' is not disk");
-        usage(run("%s --group e=token*:lazy '%s'", cmd, model), "'lazy' is not KEY=VALUE");
-        usage(run("%s --group e=token*:device=7 '%s'", cmd, model), "device=7");
-        usage(run("%s --group e=token*:device=-1 '%s'", cmd, model), "not a device id");
-        usage(run("%s --group e=a* --group e=b* '%s'", cmd, model), "given twice");
-        usage(run("%s --group all=a* '%s'", cmd, model), "is taken");
-        usage(run("%s --group", cmd), "--group needs a value");
+        expect_usage(run("%s --group embd '%s'", cmd, model), "expected NAME=GLOB");
+        expect_usage(run("%s --group =x '%s'", cmd, model), "expected NAME=GLOB");
+        expect_usage(run("%s --group e=token*:colour=red '%s'", cmd, model),
+                     "unknown key 'colour'");
+        expect_usage(run("%s --group e=token*:home=attic '%s'", cmd, model), "'attic' is not disk");
+        expect_usage(run("%s --group e=token*:lazy '%s'", cmd, model), "'lazy' is not KEY=VALUE");
+        expect_usage(run("%s --group e=token*:device=7 '%s'", cmd, model), "device=7");
+        expect_usage(run("%s --group e=token*:device=-1 '%s'", cmd, model), "not a device id");
+        expect_usage(run("%s --group e=a* --group e=b* '%s'", cmd, model), "given twice");
+        expect_usage(run("%s --group all=a* '%s'", cmd, model), "is taken");
+        expect_usage(run("%s --group", cmd), "--group needs a value");
     }
     /* lora merge reads -a the same way */
-    usage(run("lora merge '%s' -a '%s:abc' -o '%s/o.gguf'", model, model, tmp),
+    expect_usage(run("lora merge '%s' -a '%s:abc' -o '%s/o.gguf'", model, model, tmp),
           "bad multiplier 'abc'");
-    usage(run("lora merge '%s' -a ':2' -o '%s/o.gguf'", model, tmp), "no path");
+    expect_usage(run("lora merge '%s' -a ':2' -o '%s/o.gguf'", model, tmp), "no path");
     /* bench checks its device before measuring anything */
-    usage(run("bench --quick --device sim:abc '%s'", model), "bad capacity 'abc'");
-    usage(run("bench --quick --group e '%s'", model), "expected NAME=GLOB");
+    expect_usage(run("bench --quick --device sim:abc '%s'", model), "bad capacity 'abc'");
+    expect_usage(run("bench --quick --group e '%s'", model), "expected NAME=GLOB");
     /* a device that parses but is not there is a failure, not a usage error */
     int rc = run("plan --device cuda:99 '%s'", model);
     CHECK_EQ_INT(rc, 1);
