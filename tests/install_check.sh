@@ -31,10 +31,13 @@ prefix=$work/prefix
 [ -f "$prefix/include/ferry.h" ] || fail "no include/ferry.h under $prefix"
 [ -f "$prefix/include/ferry_device.h" ] || fail "no include/ferry_device.h under $prefix"
 [ -x "$prefix/bin/ferry" ] || fail "no bin/ferry under $prefix"
-so=$(find "$prefix" -name 'libferry.so.0' | head -n 1)
-[ -n "$so" ] || fail "no libferry.so.0 under $prefix (the shared library needs a versioned soname)"
-libdir=$(dirname "$so")
-[ -f "$libdir/libferry.a" ] || fail "no libferry.a beside $so"
+# the library directory is the one holding libferry.a (the Python package keeps a copy of
+# libferry.so.0 of its own, under lib/python3*/)
+static=$(find "$prefix" -name 'libferry.a' | head -n 1)
+[ -n "$static" ] || fail "no libferry.a under $prefix"
+libdir=$(dirname "$static")
+so=$libdir/libferry.so.0
+[ -f "$so" ] || fail "no libferry.so.0 beside $static (the shared library needs a versioned soname)"
 [ -L "$libdir/libferry.so" ] || fail "$libdir/libferry.so is not a link to the versioned library"
 [ -f "$libdir/pkgconfig/ferry.pc" ] || fail "no $libdir/pkgconfig/ferry.pc"
 [ -f "$libdir/cmake/ferry/ferryConfig.cmake" ] || fail "no $libdir/cmake/ferry/ferryConfig.cmake"
