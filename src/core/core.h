@@ -21,6 +21,7 @@
 #include "formats/formats.h"
 #include "io/io.h"
 #include "lora/lora.h"
+#include "sched/evict.h"
 #include "sched/sched.h"
 #include "util/util.h"
 
@@ -139,6 +140,10 @@ struct ferry_tensor {
     int arena_copy;           /* which copy that is: FERRY__ARENA_COMP or FERRY__ARENA_HOST */
 
     int refs;                 /* prepares minus releases */
+    /* memory.c's evictable set of comp's device: linked while comp may be evicted */
+    ferry_tensor *ev_prev, *ev_next;
+    int ev_dev;               /* the set it is in (valid while ev_in) */
+    int ev_in;
     int fenced;               /* of refs: releases waiting on an engine event (stream.c) */
     int canceling;            /* a cancelled load is dropping its queued jobs (residency.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
@@ -177,6 +182,7 @@ typedef struct ferry__dev {
     int no_stitch;            /* the kernel cannot move pages (not Linux): pool by size only */
     int default_budget;       /* the host under its default budget: no pool, freed buffers go
                                  back to the system (a pool would hold them from the rest) */
+    ferry_tensor *evictable;  /* the tensors whose comp copy here may be evicted (memory.c) */
 } ferry__dev;
 
 typedef struct ferry__job {
@@ -266,6 +272,7 @@ struct ferry {
     uint64_t lora_epoch;
 
     ferry__sched sched;
+    ferry__evictor evictor;   /* the eviction policy, over sched (sched/evict.h) */
     uint64_t clock;           /* LRU clock */
     unsigned inflight_prefetch;
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
@@ -410,6 +417,9 @@ void ferry__arena_trim(const void *ptr, uint64_t n);
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
 void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
+/* Puts T in its comp device's evictable set or takes it out, as its comp copy now qualifies: call
+ * after a change of T's references or of comp's state. O(1). */
+void ferry__evictable_note(ferry *f, ferry_tensor *t);
 /* Evicts cached copies until DEV is within its budget (after a budget change). */
 void ferry__shrink(ferry *f, int dev);
 /* The budget test of a load against device DEV, lock held: KEPT bytes that are never evicted

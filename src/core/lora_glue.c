@@ -101,6 +101,7 @@ static int apply_set_change(ferry *f)
             if (pristine) {
                 t->host = t->comp;
                 memset(&t->comp, 0, sizeof t->comp);
+                ferry__evictable_note(f, t);
             } else {
                 ferry__drop_copy(f, t, &t->comp);
             }

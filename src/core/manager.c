@@ -96,6 +96,7 @@ ferry *ferry_create(const ferry_options *opt)
      * once, and a pool would keep what it frees from the rest of the host */
     f->devs[0].default_budget = !f->opt.host_budget;
     ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
+    f->evictor = ferry__evict_cyclic(&f->sched);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
     f->io = ferry__io_create(f->opt.io_threads);

@@ -5,13 +5,11 @@
  * A device's `used` counts every byte ferry holds there: copies in use, cached copies, copies
  * being loaded (reserved before the job runs, so in-flight bytes count against the budget) and,
  * on the host, free buffers kept in the pool. A reservation that does not fit first returns pooled
- * buffers to the system, then evicts cached copies (pick_victim): with a schedule (or while the
- * first one is recorded), a copy used before the load is never taken, and of the rest the one
- * whose recorded position, bits reversed, is highest goes first, so the copies the budget keeps
- * are spread evenly over a pass; the least recently used when recording starts over after the
- * order changed, or with the schedule off. Copies in use (refs > 0), copies being loaded and home
- * copies are never evicted. ferry never goes over a budget: when nothing more can be evicted the
- * reservation fails with FERRY_EBUDGET.
+ * buffers to the system, then evicts cached copies: the eviction policy (sched/evict.h) picks one
+ * from the device's evictable set, which ferry__evictable_note keeps up to date in O(1) as copies
+ * become cached or taken. Copies in use (refs > 0), copies being loaded and home copies are never
+ * in it. ferry never goes over a budget: when nothing more can be evicted the reservation fails
+ * with FERRY_EBUDGET.
  *
  * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
  * exists because fresh memory is expensive: first touch of anonymous host memory is slow on
@@ -134,6 +132,8 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
     give_back(f, dev, m);
 }
 
+static void ev_unlink(ferry *f, ferry_tensor *t);
+
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
     if (c->locked && c->ptr && c->mem.arena)
@@ -145,69 +145,87 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
     if (c->mem.base || c->mem.size)
         give_back(f, c->dev, &c->mem);
     memset(c, 0, sizeof *c);
+    if (c == &t->comp)
+        ev_unlink(f, t);
 }
 
-/* The cached copy on DEV to evict, or NULL when none. With a schedule, only copies used later than
- * MIN_DIST prepares from now qualify, and
- *  - copies fetched ahead and not used yet go last, furthest next use first;
- *  - of the others, the one with the highest ferry__sched_rank goes first (tensors the schedule
- *    does not hold before all): what stays is a set spread evenly over the recorded order.
- * While the first schedule is recorded, the same ranks (of the positions recorded so far), so
- * that the first pass leaves the set the later passes keep. Otherwise the least recently used.
- *
- * Why a spread set: a pass then alternates cached and streamed tensors, and the disk reads the
- * streamed ones back to back while the cached ones are computed. When the budget kept the
- * schedule's tail instead, the disk could read only the prefetch window ahead over that stretch
- * and then idled (30-130 ms per pass on a 4 GiB model). Measured with `ferry run g2g.gguf --home
- * disk --budget host=M/2 --passes 5 --cold` (2 GiB, passes 3-5): 0.82-0.85 s a pass keeping the
- * tail, 0.61-0.71 s keeping a spread set, 1.13-1.18 GiB read a pass both; and the second pass,
- * which had to trade the first pass's kept set for the schedule's, read 1.15-1.18 GiB instead of
- * 1.60.
- * Why not plain furthest-next-use (Belady): it is optimal for pages of one size, but with tensors
- * of several sizes and a prefetch window the set it keeps drifts from pass to pass, and so does
- * the time of a pass (measured on `ferry run --device sim:SIZE@2GB/s --home host --budget
- * device=M/4`: passes of a 2 GiB model took 0.81-1.10 s in turn, 0.90-0.97 of the bound
- * (M - B + W) / BW). */
+/* Whether T's comp copy may be evicted: cached (READY), not in use, not a home copy, not the
+ * mapping, memory of its own. */
+static int evictable(const ferry_tensor *t)
+{
+    const ferry__copy *c = &t->comp;
+    return c->state == FERRY__READY && !c->permanent && !c->mapped && t->refs <= 0 && c->mem.base;
+}
+
+static void ev_unlink(ferry *f, ferry_tensor *t)
+{
+    if (!t->ev_in)
+        return;
+    if (t->ev_prev)
+        t->ev_prev->ev_next = t->ev_next;
+    else
+        f->devs[t->ev_dev].evictable = t->ev_next;
+    if (t->ev_next)
+        t->ev_next->ev_prev = t->ev_prev;
+    t->ev_prev = t->ev_next = NULL;
+    t->ev_in = 0;
+}
+
+void ferry__evictable_note(ferry *f, ferry_tensor *t)
+{
+    int want = evictable(t);
+    if (t->ev_in && (!want || t->ev_dev != t->comp.dev))
+        ev_unlink(f, t);
+    if (want && !t->ev_in) {
+        ferry__dev *D = &f->devs[t->comp.dev];
+        t->ev_prev = NULL;
+        t->ev_next = D->evictable;
+        if (D->evictable)
+            D->evictable->ev_prev = t;
+        D->evictable = t;
+        t->ev_dev = t->comp.dev;
+        t->ev_in = 1;
+    }
+}
+
+typedef struct ev_iter {
+    ferry *f;
+    ferry_tensor *next;
+} ev_iter;
+
+static int ev_next(void *ctx, ferry__evict_cand *c)
+{
+    ev_iter *it = ctx;
+    ferry_tensor *t = it->next;
+    if (!t)
+        return 0;
+    it->next = t->ev_next;
+    *c = (ferry__evict_cand){.id = t->uid,
+                             .bytes = t->comp.mem.size,
+                             .age = it->f->clock - t->comp.last_use,
+                             .ahead = t->comp.ahead};
+    return 1;
+}
+
+/* The cached copy on DEV to evict, or NULL when none: the policy's pick of DEV's evictable set
+ * (for a load needed MIN_DIST prepares from now; 0: a demand load). */
 static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 {
-    ferry_tensor *best = NULL;
-    uint64_t best_score = 0;
-    int sched = f->sched.complete;
+#ifndef NDEBUG
+    /* the set is exactly the evictable copies on DEV */
     for (size_t i = 0; i < f->n_all; i++) {
-        ferry_tensor *t = f->all[i];
-        const ferry__copy *c = &t->comp;
-        if (c->state != FERRY__READY || c->permanent || c->mapped || c->dev != dev ||
-            t->refs > 0 || !c->mem.base)
-            continue;
-        uint64_t score;
-        if (sched) {
-            score = ferry__sched_distance(&f->sched, t->uid);
-            if (score <= min_dist)
-                continue;
-            if (!c->ahead) {
-                /* above every distance; tensors the schedule does not hold (rank UINT64_MAX)
-                 * above all */
-                uint64_t r = ferry__sched_rank(&f->sched, t->uid);
-                score = r == UINT64_MAX ? UINT64_MAX : UINT64_MAX / 2 + r;
-            }
-        } else if (f->sched.enabled && !f->sched.passes && !f->sched.irregular) {
-            /* the first pass: the copies the first complete schedule will keep, not the last
-             * used (the tail), or the second pass would read a quarter of the model more to
-             * change one kept set for the other; copies fetched ahead on request go last, copies
-             * of tensors not recorded (yet) first, the least recently used of them first */
-            uint64_t r = ferry__sched_rank(&f->sched, t->uid);
-            score = c->ahead            ? 0
-                    : r == UINT64_MAX ? UINT64_MAX / 2 + (f->clock - c->last_use)
-                                      : r + 1;
-        } else {
-            score = f->clock - c->last_use + 1;
-        }
-        if (!best || score > best_score) {
-            best = t;
-            best_score = score;
+        const ferry_tensor *t = f->all[i];
+        int in = t->ev_in && t->ev_dev == dev;
+        if (in != (evictable(t) && t->comp.dev == dev)) {
+            fprintf(stderr, "ferry: evictable set of device %d wrong for tensor '%s'\n", dev,
+                    t->info.name);
+            abort();
         }
     }
-    return best;
+#endif
+    ev_iter it = {.f = f, .next = f->devs[dev].evictable};
+    uint32_t id = ferry__evict_pick(&f->evictor, ev_next, &it, min_dist);
+    return id == FERRY__SCHED_NONE ? NULL : f->all[id];
 }
 
 static void evict(ferry *f, ferry_tensor *t)

@@ -22,6 +22,7 @@
 #include "core/core.h"
 #include "devices/devices.h"
 #include "dtype/dtype.h"
+#include "sched/prefetch.h"
 
 #define FERRY__XFER_CHUNK (UINT64_C(16) << 20)
 #define FERRY__MAX_PREFETCH 4
@@ -653,55 +654,51 @@ static int enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     return 0;
 }
 
-/* Queues prefetches of what the schedule says comes next: the next set's worth of bytes (the
- * size of the last prepared set) of copies not already cached, evicting only copies used later
- * than what it loads.
- *
- * Why not as deep as the budget allows: with a cyclic order, eviction keeps a fixed part of the
- * model cached and streams the rest through a small window; a prefetcher that runs far ahead has
- * to evict that fixed part to make room and ends up reading the whole model every pass. A window
- * of one set (the W of "M - B + W") hides the reads behind the compute of the current set. */
+/* Where the tensor ID stands for the prefetch planner (sched/prefetch.h). */
+static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
+{
+    ferry *f = ctx;
+    if (id >= f->n_all)
+        return FERRY__PF_STOP;
+    ferry_tensor *t = f->all[id];
+    if (!t->bound) {
+        /* unbound since an adapter or rule change: decide before queuing anything */
+        ferry__err saved = f->err;
+        int brc = ferry__bind(f, t->parent ? t->parent : t);
+        f->err = saved;
+        if (brc)
+            return FERRY__PF_SKIP;
+    }
+    if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||
+        (t->group >= 0 && f->groups[t->group].removing))
+        return FERRY__PF_SKIP;
+    if (t->comp.state == FERRY__READY && !t->comp.ahead)
+        return FERRY__PF_KEPT;
+    *bytes = t->out_bytes;
+    return t->comp.state == FERRY__EMPTY ? FERRY__PF_ABSENT : FERRY__PF_AHEAD;
+}
+
+/* Queues a prefetch of ID, evicting only copies used later than K prepares from now. */
+static int pf_queue(void *ctx, uint32_t id, size_t k)
+{
+    ferry *f = ctx;
+    unsigned before = f->inflight_prefetch;
+    ferry__err saved = f->err;
+    int rc = enqueue(f, f->all[id], 0, 1, k);
+    f->err = saved; /* a hint that does not fit is no error */
+    return rc ? -1 : f->inflight_prefetch > before;
+}
+
+/* Queues prefetches of what the schedule says comes next, within a window of the last prepared
+ * set's bytes (the W of "M - B + W": it hides the reads behind the compute of the current set). */
 static void prefetch_ahead(ferry *f)
 {
-    if (!f->sched.complete || f->closing)
+    if (f->closing || f->inflight_prefetch >= FERRY__MAX_PREFETCH)
         return;
-    uint64_t window = f->last_set_bytes, ahead = 0;
-    for (size_t k = 1; k < f->sched.len && k <= FERRY__PREFETCH_SCAN &&
-                       f->inflight_prefetch < FERRY__MAX_PREFETCH;
-         k++) {
-        uint32_t id = ferry__sched_ahead(&f->sched, k);
-        if (id == FERRY__SCHED_NONE || id >= f->n_all)
-            break;
-        ferry_tensor *t = f->all[id];
-        if (!t->bound) {
-            /* unbound since an adapter or rule change: decide before queuing anything */
-            ferry__err saved = f->err;
-            int brc = ferry__bind(f, t->parent ? t->parent : t);
-            f->err = saved;
-            if (brc)
-                continue;
-        }
-        if (t->removed || t->ignored || t->lazy || t->n_parts ||
-            (t->parent && t->parent->ignored) ||
-            (t->group >= 0 && f->groups[t->group].removing))
-            continue;
-        /* The window counts bytes fetched ahead (queued, loading, or loaded by a prefetch and
-         * not used yet), not copies the budget keeps from pass to pass: over a stretch of kept
-         * layers the disk would otherwise idle until the prepares reach the next missing layer
-         * (measured: one 80-100 ms gap per pass at B = M/2). */
-        if (t->comp.state == FERRY__READY && !t->comp.ahead)
-            continue;
-        if (ahead >= window)
-            break;
-        ahead += t->out_bytes;
-        if (t->comp.state != FERRY__EMPTY)
-            continue;
-        ferry__err saved = f->err;
-        int rc = enqueue(f, t, 0, 1, k);
-        f->err = saved; /* a hint that does not fit is no error */
-        if (rc)
-            break;
-    }
+    ferry__pf_limits lim = {.window = f->last_set_bytes,
+                            .scan = FERRY__PREFETCH_SCAN,
+                            .slots = FERRY__MAX_PREFETCH - f->inflight_prefetch};
+    ferry__prefetch_plan(&f->sched, lim, pf_probe, pf_queue, f);
 }
 
 static void drop_if_unkept(ferry *f, ferry_tensor *t);
@@ -769,6 +766,7 @@ static void finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
     /* Decided under an older adapter set, or loaded for a prepare that has since failed. A
      * prefetched copy waits for the prepare it was fetched for (dropping it here would let the
      * next prefetch fetch it again, forever). */
+    ferry__evictable_note(f, t);
     if (!t->refs && (!j->prefetch || t->stale))
         drop_if_unkept(f, t);
 }
@@ -1170,6 +1168,7 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                     c->state = FERRY__READY;
                     c->last_use = ++f->clock;
                     c->epoch = a->epoch;
+                    ferry__evictable_note(f, t);
                     if (a->epoch != f->lora_epoch && (t->merge || t->n_terms))
                         t->stale = 1;
                     if (!t->refs)
@@ -1424,6 +1423,7 @@ int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
     uint64_t set_bytes = 0;
     for (size_t i = 0; i < nu; i++) {
         u[i]->refs++;
+        ferry__evictable_note(f, u[i]);
         u[i]->used = 1;
         ferry__sched_touch(&f->sched, u[i]->uid);
         set_bytes += u[i]->out_bytes;
@@ -1528,6 +1528,7 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
  * any other stays cached until its device's budget needs the room. */
 static void drop_if_unkept(ferry *f, ferry_tensor *t)
 {
+    ferry__evictable_note(f, t);
     if (t->refs || t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING)
         return;
     if (t->stale) {

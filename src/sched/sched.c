@@ -1,8 +1,8 @@
 /*
  * sched.c — recording the access order of one pass and measuring next-use distances in it
- * (see sched.h). With a cyclic pattern the future is known after one pass: eviction (memory.c
- * pick_victim) keeps a set spread evenly over the recorded order and never takes a copy needed
- * before the load, and prefetch reads ahead in that order.
+ * (see sched.h). With a cyclic pattern the future is known after one pass: eviction (evict.c)
+ * keeps a set spread evenly over the recorded order and never takes a copy needed before the
+ * load, and prefetch (prefetch.c) reads ahead in that order.
  */
 #include <stdlib.h>
 #include <string.h>
