@@ -428,9 +428,11 @@ void ferry__shrink(ferry *f, int dev);
  * the device, the budget, both sizes and the shortfall in the message. */
 int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name);
 
-/* manager.c */
+/* expect.c */
 /* Checks T's expectation, writing the problems into f->err; 0 when it fits (f->err untouched). */
 int ferry__check_expect(ferry *f, const ferry_tensor *t);
+
+/* fail.c */
 /* ferry__fail on f->err taking the lock (for calls that run without it). */
 int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "dtype/dtype.h"
 
 typedef struct trace_event {
     const char *name; /* static, or owned when dyn */
@@ -44,18 +43,6 @@ static int thread_number(void)
 double ferry_now(void)
 {
     return ferry__now();
-}
-
-int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const float *x,
-                 float *y)
-{
-    uint64_t row_bytes;
-    if (!w || !x || !y)
-        return FERRY_EINVAL;
-    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
-    if (rc)
-        return rc;
-    return ferry__matvec(t, w, rows, cols, row_bytes, x, y);
 }
 
 int ferry_trace_start(ferry *f, const char *path)

@@ -118,3 +118,16 @@ int ferry__matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, ui
         y[r] = fn(t, p + r * row_bytes, x, cols);
     return 0;
 }
+
+/* ferry.h: the public matvec over whole rows (row_bytes from the dtype). */
+int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const float *x,
+                 float *y)
+{
+    uint64_t row_bytes;
+    if (!w || !x || !y)
+        return FERRY_EINVAL;
+    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    if (rc)
+        return rc;
+    return ferry__matvec(t, w, rows, cols, row_bytes, x, y);
+}

@@ -1,0 +1,164 @@
+/*
+ * expect.c — expectations: the dtype and shape the engine states for a tensor, checked when it is
+ * prepared (ferry__check_expect) and, with every other problem a model has, by ferry_validate.
+ * An expectation of a tensor no file has yet waits in ferry.missing_*; a file opened later that
+ * has it picks it up (manager.c, ferry_open).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+static void fmt_shape(char *buf, size_t n, uint32_t ndim, const int64_t *shape)
+{
+    size_t len = 0;
+    len += (size_t)snprintf(buf + len, n - len, "[");
+    for (uint32_t i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+/* Checks T against its expectation; appends a line to the error report. 0 when it fits. */
+static int check_expect(ferry__err *rep, const ferry_tensor *t, int append)
+{
+    if (!t->has_expect)
+        return 0;
+    int rc = 0;
+    char want[200], got[200];
+    if (t->expect_dtype != FERRY_DTYPE_NONE && t->expect_dtype != t->info.dtype) {
+        rc = FERRY_EDTYPE;
+        if (append)
+            ferry__fail_append(rep, rc, "%s: tensor '%s': expected dtype %s, found %s",
+                               t->info.file, t->info.name, ferry_dtype_name(t->expect_dtype),
+                               ferry_dtype_name(t->info.dtype));
+    }
+    if (t->expect_ndim &&
+        (t->expect_ndim != t->info.ndim ||
+         memcmp(t->expect_shape, t->info.shape, t->info.ndim * sizeof(int64_t)) != 0)) {
+        fmt_shape(want, sizeof want, t->expect_ndim, t->expect_shape);
+        fmt_shape(got, sizeof got, t->info.ndim, t->info.shape);
+        if (!rc)
+            rc = FERRY_ESHAPE;
+        if (append)
+            ferry__fail_append(rep, FERRY_ESHAPE,
+                               "%s: tensor '%s': expected shape %s, found %s", t->info.file,
+                               t->info.name, want, got);
+    }
+    return rc;
+}
+
+int ferry__check_expect(ferry *f, const ferry_tensor *t)
+{
+    if (!t->has_expect || !check_expect(NULL, t, 0))
+        return 0;
+    ferry__err_clear(&f->err);
+    return check_expect(&f->err, t, 1);
+}
+
+int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
+                 const int64_t *shape)
+{
+    if (!f || !name || ndim > FERRY_MAX_DIMS || (ndim && !shape))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    int64_t i = ferry_catalog_find(f->cat, name);
+    if (i >= 0 && (size_t)i < f->n_tensors) {
+        ferry_tensor *t = f->tensors[i];
+        t->has_expect = 1;
+        t->expect_dtype = dtype;
+        t->expect_ndim = ndim;
+        memset(t->expect_shape, 0, sizeof t->expect_shape);
+        if (ndim)
+            memcpy(t->expect_shape, shape, ndim * sizeof *shape);
+        goto out;
+    }
+    /* Not (yet) present: remember it; ferry_validate reports it unless optional, and a file
+     * opened later that has it picks the expectation up. */
+    uint64_t mi;
+    if (!ferry__hmap_get(&f->expected_missing, name, &mi)) {
+        char **names = realloc(f->missing_names, (f->n_missing + 1) * sizeof *names);
+        if (names)
+            f->missing_names = names;
+        ferry__expect_rec *recs =
+            realloc(f->missing_expect, (f->n_missing + 1) * sizeof *recs);
+        if (recs)
+            f->missing_expect = recs;
+        char *copy = ferry__strdup(name);
+        if (!names || !recs || !copy) {
+            free(copy);
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+        names[f->n_missing] = copy;
+        mi = f->n_missing++;
+        if (ferry__hmap_put(&f->expected_missing, copy, mi, NULL)) {
+            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    ferry__expect_rec *e = &f->missing_expect[mi];
+    e->dtype = dtype;
+    e->ndim = ndim;
+    memset(e->shape, 0, sizeof e->shape);
+    if (ndim)
+        memcpy(e->shape, shape, ndim * sizeof *shape);
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+int ferry_validate(ferry *f)
+{
+    if (!f)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    ferry__err *rep = malloc(sizeof *rep);
+    if (!rep) {
+        pthread_mutex_unlock(&f->lock);
+        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+    }
+    ferry__err_clear(rep);
+    ferry__buf long_rep = {0};
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->removed)
+            continue;
+        ferry__err one = {0};
+        int rc = ferry__bind(f, t);
+        if (rc)
+            ferry__fail_append(&one, rc, "%s", f->err.msg);
+        else if (!t->ignored)
+            check_expect(&one, t, 1);
+        if (one.code) {
+            ferry__fail_append(rep, one.code, "%s", one.msg);
+            ferry__buf_printf(&long_rep, "%s%s", long_rep.len ? "\n" : "", one.msg);
+        }
+    }
+    for (size_t i = 0; i < f->n_missing; i++) {
+        const char *name = f->missing_names[i];
+        if (!ferry__hmap_get(&f->expected_missing, name, NULL))
+            continue; /* found in a file opened later */
+        int ignored = 0, optional = 0;
+        for (size_t k = 0; k < f->n_ignore; k++)
+            ignored |= ferry__glob(f->ignore[k], name);
+        for (size_t k = 0; k < f->n_optional; k++)
+            optional |= ferry__glob(f->optional[k], name);
+        if (!ignored && !optional) {
+            ferry__fail_append(rep, FERRY_ENOENT,
+                               "tensor '%s': required but not found in any opened file", name);
+            ferry__buf_printf(&long_rep, "%stensor '%s': required but not found in any opened file",
+                              long_rep.len ? "\n" : "", name);
+        }
+    }
+    f->err = *rep;
+    free(rep);
+    int rc = f->err.code;
+    free(f->long_msg);
+    f->long_msg = long_rep.p; /* the whole report, when it did not fit the error buffer */
+    f->long_msg_len = long_rep.len;
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
