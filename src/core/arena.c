@@ -65,6 +65,7 @@ static void arena_free(ferry__arena *a)
     free(a->ts);
     free(a->claimed);
     free(a->reads);
+    free(a->ends);
     free(a);
 }
 
@@ -122,8 +123,9 @@ static ferry__arena *arena_new(const arena_span *s, size_t n)
     a->ts = malloc(n * sizeof *a->ts);
     a->claimed = calloc(n, 1);
     a->reads = malloc(n * sizeof *a->reads);
+    a->ends = malloc(n * sizeof *a->ends);
     a->map_len = (size_t)len + (size_t)ARENA_ALIGN;
-    void *m = a->ts && a->claimed && a->reads
+    void *m = a->ts && a->claimed && a->reads && a->ends
                   ? mmap(NULL, a->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                          -1, 0)
                   : MAP_FAILED;
@@ -145,13 +147,15 @@ static ferry__arena *arena_new(const arena_span *s, size_t n)
     a->refs = 1;
     for (size_t i = 0; i < n; i++) {
         a->ts[i] = s[i].t;
+        a->ends[i] = s[i].end;
         s[i].t->arena = a;
     }
     a->n = n;
     return a;
 }
 
-void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena **out)
+void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena_span_fn span,
+                       ferry__arena **out)
 {
     *out = NULL;
     arena_span *s = n ? malloc(n * sizeof *s) : NULL;
@@ -162,8 +166,10 @@ void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena **out)
         ferry_tensor *t = ts[i];
         if (!t->arena_copy || t->arena)
             continue;
-        s[k++] = (arena_span){t, ferry__policy_of(t->owner, t)->load, span_start(t),
-                              span_start(t) + ferry__host_alloc_size(t, 0)};
+        ferry_load mode;
+        uint64_t bytes;
+        span(t, &mode, &bytes);
+        s[k++] = (arena_span){t, mode, span_start(t), span_start(t) + bytes};
     }
     qsort(s, k, sizeof *s, cmp_span);
     ferry__arena *list = NULL, **tail = &list;
@@ -189,16 +195,12 @@ void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena **out)
     *out = list;
 }
 
-int ferry__arena_take(ferry *f, ferry__arena *a, size_t i, uint64_t size, ferry__mem *m)
+void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m)
 {
-    int rc = ferry__reserve_bytes(f, FERRY__HOST, size, m);
-    if (rc)
-        return rc;
     m->base = a->base + (span_start(a->ts[i]) - a->file_start);
     m->arena = a;
     a->refs++;
     a->claimed[i] = FERRY__CLAIMED;
-    return 0;
 }
 
 void ferry__arena_ranges(ferry__arena *a)
@@ -209,7 +211,7 @@ void ferry__arena_ranges(ferry__arena *a)
         if (!a->claimed[i])
             continue;
         const ferry_tensor *t = a->ts[i];
-        uint64_t s = span_start(t), e = s + ferry__host_alloc_size(t, 0);
+        uint64_t s = span_start(t), e = a->ends[i];
         ferry__arena_read *r = a->n_reads ? &a->reads[a->n_reads - 1] : NULL;
         if (r && r->end == i && s <= end) {
             /* shares or touches the previous copy's last page: one read */

@@ -374,6 +374,7 @@ struct ferry__arena {
     unsigned char *claimed; /* FERRY__CLAIMED...: ts[i]'s copy is LOADING from its reads */
     uint64_t epoch;       /* the LoRA epoch when the copies were claimed */
     size_t n;
+    uint64_t *ends;       /* file offset where ts[i]'s copy ends (its page-aligned start + size) */
     ferry__arena_read *reads; /* one per range of claimed neighbours (n_reads, at most n) */
     size_t n_reads;
     ferry__arena *next;   /* the load's list */
@@ -388,13 +389,16 @@ typedef struct ferry__arena_load {
     size_t reads_left;
     uint64_t done_bytes;  /* bytes of the reads done (progress), under m */
 } ferry__arena_load;
+/* The load mode and host copy size of T (its policy's), for ferry__arena_plan. */
+typedef void (*ferry__arena_span_fn)(const ferry_tensor *t, ferry_load *mode, uint64_t *bytes);
 /* Places each tensor of TS with arena_copy set in an arena, for runs of neighbouring tensors of
- * one file and one load mode large enough to be worth it; *OUT is the list made (NULL: none).
- * Never fails: without memory for an arena the tensors get buffers of their own. */
-void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena **out);
-/* Reserves SIZE host bytes (the budget applies) for ts[i]'s copy at its place and points *M
- * there; the copy then holds a reference to the arena. */
-int ferry__arena_take(ferry *f, ferry__arena *a, size_t i, uint64_t size, ferry__mem *m);
+ * one file and one load mode (SPAN) large enough to be worth it; *OUT is the list made (NULL:
+ * none). Never fails: without memory for an arena the tensors get buffers of their own. */
+void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena_span_fn span,
+                       ferry__arena **out);
+/* Points *M, already reserved against the host budget, at ts[i]'s place in A and marks the copy
+ * claimed; the copy then holds a reference to the arena. */
+void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m);
 /* Makes A's reads: one per range of claimed tensors whose pages touch. */
 void ferry__arena_ranges(ferry__arena *a);
 /* Makes LIST the load's arenas; with TOUCH, starts the toucher over their reads' destinations

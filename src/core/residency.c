@@ -913,6 +913,12 @@ static int file_copy(ferry *f, ferry_tensor *t)
     return t->host.state == FERRY__EMPTY ? FERRY__ARENA_HOST : 0;
 }
 
+static void arena_span(const ferry_tensor *t, ferry_load *mode, uint64_t *bytes)
+{
+    *mode = ferry__policy_of(t->owner, t)->load;
+    *bytes = ferry__host_alloc_size(t, 0);
+}
+
 /* Marks the file copy of A's tensor I LOADING at its place, as enqueue does for a job (the same
  * reservation against the budget, the same states); 1 when claimed, 0 when the tensor needs
  * something else or does not fit (then bring_wait queues a job for it, which reports what). */
@@ -925,10 +931,11 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
     ferry__copy *c = want == FILL_COMP ? &t->comp : &t->host;
     ferry__mem m;
     ferry__err saved = f->err;
-    if (ferry__arena_take(f, a, i, ferry__host_alloc_size(t, 0), &m)) {
+    if (ferry__reserve_bytes(f, FERRY__HOST, ferry__host_alloc_size(t, 0), &m)) {
         f->err = saved;
         return 0;
     }
+    ferry__arena_place(a, i, &m);
     if (want == FILL_HOST)
         a->claimed[i] |= FERRY__CLAIMED_HOST;
     if (ferry__policy_of(f, t)->lock)
@@ -1232,7 +1239,7 @@ static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_onl
     for (size_t i = 0; i < n; i++)
         if (!ts[i]->arena) /* else another group load is reading it */
             ts[i]->arena_copy = file_copy(f, ts[i]);
-    ferry__arena_plan(ts, n, &list);
+    ferry__arena_plan(ts, n, arena_span, &list);
     int reads = 0, rc = 0;
     for (ferry__arena *a = list; a; a = a->next) {
         a->epoch = f->lora_epoch;
