@@ -7,6 +7,11 @@
  * that runs its job, and nobody else touches its copies until the state changes (then `cond` is
  * broadcast). Device and I/O calls are never made with the lock held, except frees of memory that
  * no job can reach.
+ *
+ * Lock order: ferry.lock, then ferry.trace_lock (read side: appending to the trace), then the
+ * trace's own mutex. An arena load's m (core.h, ferry__arena_load) and a read's wait mutex
+ * (transfer.c) are leaves, taken without ferry.lock: the I/O pool's completion callbacks take
+ * only them, never ferry.lock.
  */
 #ifndef FERRY_CORE_H
 #define FERRY_CORE_H
@@ -145,7 +150,7 @@ struct ferry_tensor {
     int ev_dev;               /* the set it is in (valid while ev_in) */
     int ev_in;
     int fenced;               /* of refs: releases waiting on an engine event (stream.c) */
-    int canceling;            /* a cancelled load is dropping its queued jobs (residency.c) */
+    int canceling;            /* a cancelled load is dropping its queued jobs (prepare.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
     /* split placement: a parent has parts (its own copies stay empty); a part has a parent,
@@ -279,7 +284,7 @@ struct ferry {
 
     ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
                                  side, appended to under its read side */
-    pthread_rwlock_t trace_lock;
+    pthread_rwlock_t trace_lock; /* after lock in the lock order (see the top of this file) */
     ferry__fence *fences, *fences_tail; /* releases waiting on events, oldest first */
     ferry_progress_fn progress; /* ferry_set_progress */
     void *progress_ud;
@@ -449,7 +454,7 @@ int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_t
  * failure's message, when one of their files changed; else FERRY_EIO (message untouched). */
 int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n);
 
-/* residency.c */
+/* prepare.c */
 /* The first half of a prepare: checks TS, takes the references, records the access. *OUT: the
  * residency units (TS itself unless something is split; else malloc'd). Lock held. */
 int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out,
@@ -478,7 +483,7 @@ void ferry__fences_wait_all(ferry *f);
 
 int ferry__loaders_start(ferry *f);
 void ferry__loaders_stop(ferry *f);
-/* Raises the loaders to the number a device the host cannot read wants (residency.c). Lock held. */
+/* Raises the loaders to the number a device the host cannot read wants (jobs.c). Lock held. */
 void ferry__loaders_for_device(ferry *f);
 
 #endif

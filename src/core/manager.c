@@ -2,8 +2,9 @@
  * manager.c — the ferry handle: creation and close, devices and budgets, opening model files,
  * groups and their rules, finding tensors, statistics. Expectations and validation are in
  * expect.c.
- * Residency (prepare/release/prefetch and the loaders) is in residency.c, memory accounting in
- * memory.c, placement decisions in policy.c, the dry run in plan.c.
+ * Residency is in prepare.c (the public calls), jobs.c (queue and loaders), transfer.c (moving
+ * bytes) and tensor.c (reading tensors back); memory accounting in memory.c, placement decisions
+ * in policy.c, the dry run in plan.c.
  */
 #include <stdio.h>
 #include <stdlib.h>

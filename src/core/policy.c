@@ -280,3 +280,10 @@ int ferry__rebind_all(ferry *f, int check_only)
     }
     return 0;
 }
+
+uint64_t ferry__dev_alloc_size(const ferry_tensor *t)
+{
+    uint64_t n = t->out_bytes ? t->out_bytes : 1;
+    uint64_t size;
+    return ferry__align_up(n, 256, &size) ? UINT64_MAX : size;
+}

@@ -1,0 +1,80 @@
+/*
+ * load.h — what the files that load tensors share: prepare.c (the public calls and group loads),
+ * jobs.c (the queue and the loader threads), transfer.c (file -> host -> device), tensor.c
+ * (reading tensors back). Locking as core.h says.
+ */
+#ifndef FERRY_LOAD_H
+#define FERRY_LOAD_H
+
+#include "core/core.h"
+
+#define FERRY__XFER_CHUNK (UINT64_C(16) << 20)
+#define FERRY__MAX_PREFETCH 4
+#define FERRY__PREFETCH_SCAN 256
+#define FERRY__PARALLEL_READ (UINT64_C(4) << 20) /* reads this large go to the I/O pool */
+
+/* A loader's staging buffers, each allocated the first time a transfer needs it (host RSS is
+ * budgeted: a loader that only ever reads into destinations holds none). */
+typedef struct ferry__loader_ctx {
+    unsigned char *stage[2]; /* file bytes, FERRY__IO_ALIGN-aligned, cap + 2 pages */
+    unsigned char *conv[2];  /* transformed bytes bound for a device */
+    float *f32;              /* a chunk as f32, for merges */
+    uint64_t cap;            /* bytes each of stage/conv/f32 holds when allocated */
+    ferry_device *pinned;    /* the device whose host_alloc made stage/conv, or NULL */
+    ferry_device *pin_failed; /* the device whose host_alloc failed in the last ctx_buffers */
+    uint64_t ticket[2];
+    int pending[2];
+} ferry__loader_ctx;
+
+/* What a queued job fills (decided under the lock when it is queued). */
+enum {
+    FILL_HOST = 1,     /* read the pristine host copy */
+    FILL_COMP = 2,     /* stage the copy the engine gets */
+    FILL_POPULATE = 4, /* bring a zero-copy tensor's pages into the page cache, in bulk */
+};
+
+static inline int ferry__host_side(const ferry *f, int dev)
+{
+    return f->devs[dev].d->host_accessible;
+}
+
+static inline void ferry__add_stat(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+/* transfer.c — lock not held */
+/* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST; large reads go to the
+ * I/O pool. COUNT: the bytes count as read from the file. */
+int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
+                      ferry_load mode, int count, ferry__err *e);
+/* Moves T's bytes into the copy job J fills, converting and merging on the way. */
+int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferry__job *j,
+                    const unsigned char *src_host, int home_mapped, ferry_load mode,
+                    ferry__copy *dst, ferry__err *e);
+void ferry__loader_ctx_free(ferry__loader_ctx *lc);
+
+/* jobs.c — lock held by all */
+/* What T lacks to be used (FILL_*); copies that are the mapping are made READY on the way. */
+int ferry__needs(ferry *f, ferry_tensor *t, int home_only);
+/* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only
+ * cached copies used later than this may be evicted for it (prefetch); 0 for demand loads.
+ * Returns 0 (queued or nothing to do) or FERRY_EBUDGET / FERRY_ENOMEM. */
+int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist);
+/* Queues prefetches of what the schedule says comes next (sched/prefetch.h). */
+void ferry__prefetch_ahead(ferry *f);
+void ferry__job_recycle(ferry *f, ferry__job *j);
+/* Settles job J's copies after it ran: READY, or EMPTY with RC and E's message. */
+void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e);
+/* With LOCK, mlocks LEN bytes of C (policy.lock), counting what it could not. */
+void ferry__lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len);
+/* After the last release: a copy of an old LoRA epoch goes; any other stays cached. */
+void ferry__drop_if_unkept(ferry *f, ferry_tensor *t);
+/* Drops one reference of the unit T. */
+void ferry__release_one(ferry *f, ferry_tensor *t);
+
+/* prepare.c — lock held */
+/* 0 when T may be prepared or read; else the error, in f->err. */
+int ferry__usable(ferry *f, ferry_tensor *t);
+
+#endif
