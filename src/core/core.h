@@ -149,7 +149,7 @@ struct ferry_tensor {
     ferry_tensor *ev_prev, *ev_next;
     int ev_dev;               /* the set it is in (valid while ev_in) */
     int ev_in;
-    int fenced;               /* of refs: releases waiting on an engine event (stream.c) */
+    int fenced;               /* of refs: releases waiting on an engine event (fence.c) */
     int canceling;            /* a cancelled load is dropping its queued jobs (prepare.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
 
@@ -470,10 +470,12 @@ void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu);
 /* 1 when every unit is READY, 0 while some load runs (and none needs queuing), -1 when one needs
  * a load queued again (or has failed). Lock held. */
 int ferry__units_state(const ferry *f, ferry_tensor *const *u, size_t nu);
-/* Drops one reference of T (and its parts), as ferry_release does. Lock held. */
+/* jobs.c: drops one reference of T (and its parts), as ferry_release does. Lock held. */
 void ferry__release_tensor(ferry *f, ferry_tensor *t);
 
-/* stream.c — lock held by all */
+/* fence.c — lock held by all */
+/* Drops one reference of EV; the last frees its device handles. */
+void ferry__event_unref(ferry_event *ev);
 /* Ends the fences whose events have completed (queries, never waits). */
 void ferry__fences_reap(ferry *f);
 /* Waits for the oldest fence's event (dropping the lock meanwhile) and ends it. */
@@ -481,6 +483,7 @@ void ferry__fences_wait_oldest(ferry *f);
 /* Waits for every fence. */
 void ferry__fences_wait_all(ferry *f);
 
+/* jobs.c */
 int ferry__loaders_start(ferry *f);
 void ferry__loaders_stop(ferry *f);
 /* Raises the loaders to the number a device the host cannot read wants (jobs.c). Lock held. */

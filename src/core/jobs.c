@@ -556,3 +556,10 @@ void ferry__loaders_stop(ferry *f)
     }
 }
 
+void ferry__release_tensor(ferry *f, ferry_tensor *t)
+{
+    ferry__release_one(f, t);
+    for (int k = 0; k < t->n_parts; k++)
+        if (t->parts[k]->refs > 0)
+            ferry__release_one(f, t->parts[k]);
+}

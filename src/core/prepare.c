@@ -645,14 +645,6 @@ int ferry__units_state(const ferry *f, ferry_tensor *const *u, size_t nu)
     return loading ? 0 : missing ? -1 : 1;
 }
 
-void ferry__release_tensor(ferry *f, ferry_tensor *t)
-{
-    ferry__release_one(f, t);
-    for (int k = 0; k < t->n_parts; k++)
-        if (t->parts[k]->refs > 0)
-            ferry__release_one(f, t->parts[k]);
-}
-
 int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     if (!f || (n && !ts))

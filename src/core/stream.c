@@ -1,11 +1,7 @@
 /*
  * stream.c — stream-ordered use: events of the public API over the devices' event operations,
  * prepares that do not wait (ferry_prepare_async) and releases that take effect when the engine's
- * event completes (ferry_release_after).
- *
- * A release after an event becomes a fence: the tensor keeps that reference (so nothing evicts,
- * frees or reuses its memory) until a query finds the event complete. Fences are reaped at every
- * prepare and release; a load that finds no room waits for the oldest one (bring_wait). Event
+ * event completes (ferry_release_after), which become fences (fence.c). Event
  * queries, creates, records and destroys never block and may run with the manager's lock held;
  * waits on events never do.
  */
@@ -14,84 +10,6 @@
 
 #include "core/core.h"
 #include "devices/devices.h"
-
-/* Drops one reference; the last frees the device handles. Lock held. */
-static void ev_unref(ferry_event *ev)
-{
-    if (--ev->refs > 0)
-        return;
-    ferry *f = ev->f;
-    for (int d = 0; d < f->n_devs; d++)
-        if (ev->h[d])
-            f->devs[d].d->ops->event_destroy(f->devs[d].d, ev->h[d]);
-    free(ev->ts);
-    free(ev->u);
-    free(ev);
-}
-
-/* Ends fence *PP (its event done): the reference goes. Lock held. */
-static void fence_end(ferry *f, ferry__fence **pp, ferry__fence *prev)
-{
-    ferry__fence *fc = *pp;
-    *pp = fc->next;
-    if (f->fences_tail == fc)
-        f->fences_tail = prev;
-    fc->t->fenced--;
-    ferry__release_tensor(f, fc->t);
-    ev_unref(fc->ev);
-    free(fc);
-}
-
-void ferry__fences_reap(ferry *f)
-{
-    ferry__fence **pp = &f->fences, *prev = NULL;
-    int ended = 0;
-    while (*pp) {
-        ferry_event *ev = (*pp)->ev;
-        ferry_device *d = f->devs[ev->dev].d;
-        /* an error means the engine's work is over all the same */
-        if (d->ops->event_query(d, ev->h[ev->dev]) != 0) {
-            fence_end(f, pp, prev);
-            ended = 1;
-        } else {
-            prev = *pp;
-            pp = &(*pp)->next;
-        }
-    }
-    if (ended)
-        pthread_cond_broadcast(&f->cond);
-}
-
-void ferry__fences_wait_oldest(ferry *f)
-{
-    ferry__fence *first = f->fences;
-    if (!first)
-        return;
-    ferry_event *ev = first->ev;
-    ferry_device *d = f->devs[ev->dev].d;
-    ev->refs++;
-    pthread_mutex_unlock(&f->lock);
-    (void)d->ops->event_wait(d, ev->h[ev->dev], NULL);
-    pthread_mutex_lock(&f->lock);
-    /* every fence on EV had its record covered by this wait (a later record only delays them) */
-    ferry__fence **pp = &f->fences, *prev = NULL;
-    while (*pp) {
-        if ((*pp)->ev == ev) {
-            fence_end(f, pp, prev);
-        } else {
-            prev = *pp;
-            pp = &(*pp)->next;
-        }
-    }
-    ev_unref(ev);
-    ferry__fences_reap(f);
-}
-
-void ferry__fences_wait_all(ferry *f)
-{
-    while (f->fences)
-        ferry__fences_wait_oldest(f);
-}
 
 static ferry_event *ev_new(ferry *f, int dev)
 {
@@ -263,7 +181,7 @@ void ferry_event_destroy(ferry_event *ev)
     pthread_mutex_lock(&f->lock);
     if (ev->prepare && ev->pending)
         (void)settle(ev);
-    ev_unref(ev);
+    ferry__event_unref(ev);
     pthread_mutex_unlock(&f->lock);
 }
 
@@ -344,7 +262,7 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
             pthread_mutex_unlock(&f->lock);
             (void)d->ops->event_wait(d, done->h[done->dev], NULL);
             pthread_mutex_lock(&f->lock);
-            ev_unref(done);
+            ferry__event_unref(done);
             if (t->refs - t->fenced > 0)
                 ferry__release_tensor(f, t);
             continue;
