@@ -473,6 +473,18 @@ int ferry__units_state(const ferry *f, ferry_tensor *const *u, size_t nu);
 /* jobs.c: drops one reference of T (and its parts), as ferry_release does. Lock held. */
 void ferry__release_tensor(ferry *f, ferry_tensor *t);
 
+/* copy.c — a copy's state changes, lock held by all */
+/* C is the file mapping at PTR: READY, permanent. */
+void ferry__copy_map(ferry *f, ferry_tensor *t, ferry__copy *c, void *ptr);
+/* C is being filled into M (reserved): LOADING. */
+void ferry__copy_loading(ferry *f, ferry_tensor *t, ferry__copy *c, ferry__mem m);
+/* C's load is done: READY. */
+void ferry__copy_ready(ferry *f, ferry_tensor *t, ferry__copy *c);
+/* C's load failed with RC: its memory given back, EMPTY on its device with the status. */
+void ferry__copy_failed(ferry *f, ferry_tensor *t, ferry__copy *c, int rc);
+/* SRC's bytes become DST (the other copy of T), SRC EMPTY. */
+void ferry__copy_move(ferry *f, ferry_tensor *t, ferry__copy *dst, ferry__copy *src);
+
 /* fence.c — lock held by all */
 /* Drops one reference of EV; the last frees its device handles. */
 void ferry__event_unref(ferry_event *ev);

@@ -160,10 +160,8 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
     int dev = t->compute_dev, hs = ferry__host_side(f, dev);
     if (t->lazy) {
         if (t->comp.state == FERRY__EMPTY) {
-            t->comp.state = FERRY__READY;
-            t->comp.ptr = mapped;
-            t->comp.mapped = t->comp.permanent = 1;
             t->comp.dev = FERRY__HOST;
+            ferry__copy_map(f, t, &t->comp, mapped);
             ferry__iofile_advise(file, t->info.offset, t->info.nbytes, MADV_RANDOM);
         }
         return 0;
@@ -175,16 +173,14 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
         if (home == FERRY_HOME_HOST && t->host.state == FERRY__READY && !t->host.mapped &&
             !ferry__transformed(t)) {
             /* No longer merged: the pristine host copy is the home again, no read needed. */
-            t->comp = t->host;
-            memset(&t->host, 0, sizeof t->host);
+            ferry__copy_move(f, t, &t->comp, &t->host);
             return 0;
         }
         if (home == FERRY_HOME_HOST) {
             if (t->zero_copy) {
-                t->comp.state = FERRY__READY;
-                t->comp.ptr = mapped;
-                t->comp.mapped = t->comp.permanent = 1;
-                ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->comp, t->info.nbytes);
+                ferry__copy_map(f, t, &t->comp, mapped);
+                ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->comp,
+                                 t->info.nbytes);
                 return t->populated ? 0 : FILL_POPULATE;
             }
             t->comp.permanent = 1;
@@ -196,10 +192,9 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
         t->host.dev = FERRY__HOST;
         t->host.permanent = 1;
         if (t->zero_copy) {
-            t->host.state = FERRY__READY;
-            t->host.ptr = mapped;
-            t->host.mapped = 1;
-            ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->host, t->info.nbytes);
+            ferry__copy_map(f, t, &t->host, mapped);
+            ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->host,
+                             t->info.nbytes);
             if (!t->populated)
                 fill |= FILL_POPULATE;
         } else {
@@ -291,15 +286,10 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
             t->host.permanent = 0;
         return rc;
     }
-    if (fill & FILL_HOST) {
-        t->host.mem = hm;
-        t->host.state = FERRY__LOADING;
-    }
-    if (fill & FILL_COMP) {
-        t->comp.mem = cm;
-        t->comp.state = FERRY__LOADING;
-        t->comp.status = 0;
-    }
+    if (fill & FILL_HOST)
+        ferry__copy_loading(f, t, &t->host, hm);
+    if (fill & FILL_COMP)
+        ferry__copy_loading(f, t, &t->comp, cm);
     if (fill & FILL_POPULATE)
         t->populating = 1;
     t->load_gen++;
@@ -413,18 +403,13 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
     }
     if (rc) {
         if (fill & FILL_COMP) {
-            ferry__unreserve(f, t->comp.dev, &t->comp.mem);
-            int dev = t->comp.dev;
-            memset(&t->comp, 0, sizeof t->comp);
-            t->comp.dev = dev;
-            t->comp.status = rc;
+            ferry__copy_failed(f, t, &t->comp, rc);
             t->failed_prefetch = j->prefetch;
         }
         if (fill & FILL_HOST) {
             if (t->host.locked)
                 ferry__host_unlock(t->host.ptr, t->host.locked);
-            ferry__unreserve(f, FERRY__HOST, &t->host.mem);
-            memset(&t->host, 0, sizeof t->host);
+            ferry__copy_failed(f, t, &t->host, rc);
         }
         /* A prefetch's failure is no one's error unless a prepare waits for it (then the
          * prepare retries it as its own load). */
@@ -432,13 +417,13 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             f->err = *e;
     } else {
         if (fill & FILL_HOST)
-            t->host.state = FERRY__READY;
+            ferry__copy_ready(f, t, &t->host);
         if (fill & FILL_COMP) {
-            t->comp.state = FERRY__READY;
             t->comp.ahead = j->prefetch;
             t->comp.last_use = ++f->clock;
             t->comp.epoch = j->epoch;
             t->comp.merged = j->n_terms > 0;
+            ferry__copy_ready(f, t, &t->comp);
             /* The adapter set changed while this ran: the copy is of the old epoch. */
             if (j->epoch != f->lora_epoch && (t->comp.merged || t->merge || t->n_terms))
                 t->stale = 1;

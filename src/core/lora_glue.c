@@ -99,9 +99,7 @@ static int apply_set_change(ferry *f)
                            t->comp.dev == FERRY__HOST && t->out_dtype == t->info.dtype &&
                            t->host.state == FERRY__EMPTY;
             if (pristine) {
-                t->host = t->comp;
-                memset(&t->comp, 0, sizeof t->comp);
-                ferry__evictable_note(f, t);
+                ferry__copy_move(f, t, &t->host, &t->comp);
             } else {
                 ferry__drop_copy(f, t, &t->comp);
             }

@@ -82,10 +82,8 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
         a->claimed[i] |= FERRY__CLAIMED_HOST;
     if (ferry__policy_of(f, t)->lock)
         a->claimed[i] |= FERRY__CLAIMED_LOCK;
-    c->mem = m;
     c->ptr = (unsigned char *)m.base + t->info.offset % FERRY__IO_ALIGN;
-    c->state = FERRY__LOADING;
-    c->status = 0;
+    ferry__copy_loading(f, t, c, m);
     t->load_gen++;
     t->used = 1;
     t->failed_prefetch = 0;
@@ -314,10 +312,9 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                     continue;
                 ferry__copy *c = a->claimed[i] & FERRY__CLAIMED_HOST ? &t->host : &t->comp;
                 if (!r->status) {
-                    c->state = FERRY__READY;
                     c->last_use = ++f->clock;
                     c->epoch = a->epoch;
-                    ferry__evictable_note(f, t);
+                    ferry__copy_ready(f, t, c);
                     if (a->epoch != f->lora_epoch && (t->merge || t->n_terms))
                         t->stale = 1;
                     if (!t->refs)
@@ -325,10 +322,7 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                     continue;
                 }
                 ferry__arena_trim(c->ptr, t->info.nbytes); /* never locked: its read failed */
-                ferry__unreserve(f, FERRY__HOST, &c->mem);
-                memset(c, 0, sizeof *c);
-                c->dev = FERRY__HOST;
-                c->status = r->status;
+                ferry__copy_failed(f, t, c, r->status); /* a host copy: c->dev is the host */
                 if (!rc) {
                     /* name the tensor whose bytes the failed read was to bring */
                     for (size_t j = r->first; j < r->end; j++)
