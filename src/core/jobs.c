@@ -18,6 +18,31 @@
 #include "dtype/dtype.h"
 #include "sched/prefetch.h"
 
+/* ---- transfer.c's environment from the manager ---- */
+
+static void trace_span(void *ud, const char *cat, double t0, double t1, const char *fmt,
+                       const char *arg)
+{
+    ferry__trace_addf(ud, cat, t0, t1, fmt, arg);
+}
+
+ferry__xfer_env ferry__xfer_env_of(ferry *f, int dev)
+{
+    return (ferry__xfer_env){.io = f->io,
+                             .dev = dev >= 0 ? f->devs[dev].d : NULL,
+                             .bytes_read = &f->a_bytes_read,
+                             .bytes_copied = &f->a_bytes_copied,
+                             .trace = ferry__tracing(f) ? trace_span : NULL,
+                             .trace_ud = f};
+}
+
+int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
+                      ferry_load mode, int count, ferry__err *e)
+{
+    ferry__xfer_env env = ferry__xfer_env_of(f, -1);
+    return ferry__read_file(&env, t, off, len, dst, mode, count, e);
+}
+
 /* ---- jobs ------------------------------------------------------------------------------------- */
 
 
@@ -138,7 +163,8 @@ static int run_job_inner(ferry *f, ferry__loader_ctx *lc, const ferry__job *j, f
         int have = t->host.state == FERRY__READY || (fill & FILL_HOST);
         int mapped = have && t->host.mapped;
         const unsigned char *src = have && !mapped ? t->host.ptr : NULL;
-        rc = ferry__transfer(f, lc, t, j, src, mapped, j->load, &t->comp, e);
+        ferry__xfer_env env = ferry__xfer_env_of(f, t->comp.dev);
+        rc = ferry__transfer(&env, lc, t, j, src, mapped, j->load, &t->comp, e);
         if (!rc && t->comp.permanent)
             ferry__lock_copy(f, j->lock, &t->comp, j->out_bytes);
     }

@@ -44,17 +44,34 @@ static inline void ferry__add_stat(uint64_t *counter, uint64_t n)
 }
 
 /* transfer.c — lock not held */
+/* What a transfer needs besides its job and tensor: no manager. ferry__xfer_env_of fills it from
+ * one (fields fixed while a job runs). */
+typedef struct ferry__xfer_env {
+    ferry__io *io;                        /* the pool large reads go to */
+    ferry_device *dev;                    /* the destination copy's device */
+    uint64_t *bytes_read, *bytes_copied;  /* counters, added to atomically */
+    /* NULL unless tracing: records a span named FMT with its %s replaced by ARG */
+    void (*trace)(void *ud, const char *cat, double t0, double t1, const char *fmt,
+                  const char *arg);
+    void *trace_ud;
+} ferry__xfer_env;
 /* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST; large reads go to the
  * I/O pool. COUNT: the bytes count as read from the file. */
-int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
-                      ferry_load mode, int count, ferry__err *e);
-/* Moves T's bytes into the copy job J fills, converting and merging on the way. */
-int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferry__job *j,
-                    const unsigned char *src_host, int home_mapped, ferry_load mode,
-                    ferry__copy *dst, ferry__err *e);
+int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t off,
+                     uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e);
+/* Moves T's bytes as job J describes (dtype out, LoRA terms) into DST on ENV's device, from
+ * SRC_HOST (the host home copy) or else the file, converting and merging on the way. */
+int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const ferry_tensor *t,
+                    const ferry__job *j, const unsigned char *src_host, int home_mapped,
+                    ferry_load mode, ferry__copy *dst, ferry__err *e);
 void ferry__loader_ctx_free(ferry__loader_ctx *lc);
 
-/* jobs.c — lock held by all */
+/* jobs.c — lock held by all but the first two */
+/* F's I/O pool, counters and trace, and device DEV (-1: none), for transfer.c. */
+ferry__xfer_env ferry__xfer_env_of(ferry *f, int dev);
+/* ferry__read_file with F's environment. */
+int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
+                      ferry_load mode, int count, ferry__err *e);
 /* What T lacks to be used (FILL_*); copies that are the mapping are made READY on the way. */
 int ferry__needs(ferry *f, ferry_tensor *t, int home_only);
 /* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only

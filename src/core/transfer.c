@@ -37,12 +37,12 @@ static void sync_done(void *ud, int status)
 /* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST. Large reads go to the
  * I/O pool so that several workers read chunks of it in parallel. COUNT: the bytes count as read
  * from the file (not when they stand for a copy of the mapped home copy). */
-int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t len, void *dst,
-                      ferry_load mode, int count, ferry__err *e)
+int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t off,
+                    uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e)
 {
     uint64_t abs = t->info.offset + off;
     int rc;
-    double t0 = ferry__tracing(f) ? ferry__now() : 0;
+    double t0 = env->trace ? ferry__now() : 0;
     if (len < FERRY__PARALLEL_READ) {
         rc = ferry__io_read(t->file, abs, len, dst, mode, e);
         if (rc)
@@ -53,7 +53,7 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
         pthread_cond_init(&w.c, NULL);
         ferry__ioreq req = {.file = t->file, .offset = abs, .len = len, .dst = dst,
                             .mode = mode, .done = sync_done, .ud = &w};
-        rc = ferry__io_submit(f->io, &req);
+        rc = ferry__io_submit(env->io, &req);
         if (!rc) {
             pthread_mutex_lock(&w.m);
             while (!w.done)
@@ -71,11 +71,12 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
         pthread_mutex_destroy(&w.m);
     }
     if (!rc && count)
-        ferry__add_stat(&f->a_bytes_read, len);
+        ferry__add_stat(env->bytes_read, len);
     if (t0)
-        ferry__trace_addf(f, "io", t0, ferry__now(), "read %s", t->info.name);
+        env->trace(env->trace_ud, "io", t0, ferry__now(), "read %s", t->info.name);
     return rc;
 }
+
 
 /* ---- the transfer pipeline -------------------------------------------------------------------- */
 
@@ -186,11 +187,11 @@ static uint64_t merge_chunk_elems(const ferry_tensor *t, ferry_dtype out, uint64
  * and adds J's LoRA terms on the way. HOME_MAPPED: the home copy is the file mapping, whose bytes
  * are read through the descriptor instead (a copy out of a mapping of a truncated file dies of
  * SIGBUS) and count as copied, not read. */
-int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferry__job *j,
-                    const unsigned char *src_host, int home_mapped, ferry_load mode,
-                    ferry__copy *dst, ferry__err *e)
+int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const ferry_tensor *t,
+                    const ferry__job *j, const unsigned char *src_host, int home_mapped,
+                    ferry_load mode, ferry__copy *dst, ferry__err *e)
 {
-    ferry_device *d = f->devs[dst->dev].d;
+    ferry_device *d = env->dev;
     int to_host = d->host_accessible;
     ferry_dtype in = t->info.dtype, out = j->out_dtype;
     int merging = j->n_terms > 0;
@@ -201,12 +202,12 @@ int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferr
     if (!converted && !merging && to_host) {
         if (src_host) {
             memcpy(dptr, src_host, t->info.nbytes);
-            ferry__add_stat(&f->a_bytes_copied, t->info.nbytes);
+            ferry__add_stat(env->bytes_copied, t->info.nbytes);
             return 0;
         }
-        int rc = ferry__read_range(f, t, 0, t->info.nbytes, dptr, mode, !home_mapped, e);
+        int rc = ferry__read_file(env, t, 0, t->info.nbytes, dptr, mode, !home_mapped, e);
         if (!rc && home_mapped)
-            ferry__add_stat(&f->a_bytes_copied, t->info.nbytes);
+            ferry__add_stat(env->bytes_copied, t->info.nbytes);
         return rc;
     }
     uint64_t n = t->info.n_elems, step, need = FERRY__XFER_CHUNK, cols = 1, rows = 1;
@@ -246,12 +247,12 @@ int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferr
             src = src_host + in_off;
         } else {
             unsigned char *buf = lc->stage[slot] + (t->info.offset + in_off) % FERRY__IO_ALIGN;
-            if ((rc = ferry__read_range(f, t, in_off, in_len, buf, mode, !home_mapped, e)) != 0)
+            if ((rc = ferry__read_file(env, t, in_off, in_len, buf, mode, !home_mapped, e)) != 0)
                 break;
             src = buf;
         }
         if (converted || merging) {
-            double t0 = ferry__tracing(f) ? ferry__now() : 0;
+            double t0 = env->trace ? ferry__now() : 0;
             unsigned char *cdst = to_host ? dptr + out_off : lc->conv[slot];
             if (merging) {
                 rc = ferry__to_f32(in, src, lc->f32, ce);
@@ -270,7 +271,7 @@ int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferr
                 break;
             }
             if (t0)
-                ferry__trace_addf(f, "cpu", t0, ferry__now(), merging ? "merge %s" : "convert %s",
+                env->trace(env->trace_ud, "cpu", t0, ferry__now(), merging ? "merge %s" : "convert %s",
                                   t->info.name);
             src = cdst;
         }
@@ -282,7 +283,7 @@ int ferry__transfer(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, const ferr
                 break;
             }
             lc->pending[slot] = 1;
-            ferry__add_stat(&f->a_bytes_copied, out_len);
+            ferry__add_stat(env->bytes_copied, out_len);
         }
     }
     (void)rows;
