@@ -127,8 +127,8 @@ static int populate(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, ferry__err
     if (!buf)
         return 0; /* the pages fault in at first use */
     for (uint64_t off = 0; off < t->info.nbytes && !rc; off += step)
-        rc = ferry__read_range(f, t, off, FERRY__MIN(step, t->info.nbytes - off), buf, FERRY_LOAD_READ,
-                        1, e);
+        rc = ferry__read_range(f, t, off, FERRY__MIN(step, t->info.nbytes - off), buf,
+                               FERRY_LOAD_READ, 1, e);
     free(buf);
     return rc;
 }
@@ -515,11 +515,9 @@ static void *loader_main(void *arg)
 
 /* Loaders: as many as I/O workers (at least 2), and at least FERRY__DEVICE_LOADERS once a device
  * the host cannot read is added (ferry__loaders_for_device). Each loader has one tensor in flight
- * at a time and, copying to a device, waits for its last chunks before it takes the next tensor:
- * with 2 loaders a sim link at 2 GB/s idled 3-5 ms at every layer (2 GiB model, device budget
- * M/4: 1.02 s a pass with 2 loaders, 0.95 s with 4). Host-only managers keep fewer: with 4, a
- * warm private copy of the 2 GiB model ran at 0.78-0.99 of its limit against 0.79-0.98 with 2
- * (medians 0.80 and 0.88; the loaders' mmap and munmap contend with the page faults of the copies). */
+ * and, copying to a device, waits for its last chunks before the next: with 2 the link idles at
+ * every layer. Host-only managers keep fewer, as the loaders' mmap and munmap contend with the
+ * copies' page faults (bench/README.md, "eviction and the prefetch window"). */
 #define FERRY__DEVICE_LOADERS 4u
 
 static int loaders_add(ferry *f, unsigned want)

@@ -618,7 +618,7 @@ void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu)
     ferry__err saved = f->err;
     for (size_t i = 0; i < nu; i++)
         if (u[i]->comp.state == FERRY__EMPTY)
-            (void)ferry__enqueue(f, u[i], 0, 0, 0); /* what cannot be queued now is retried at the wait */
+            (void)ferry__enqueue(f, u[i], 0, 0, 0); /* what cannot be queued now: at the wait */
     f->err = saved;
     ferry__prefetch_ahead(f);
 }

@@ -271,8 +271,8 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
                 break;
             }
             if (t0)
-                env->trace(env->trace_ud, "cpu", t0, ferry__now(), merging ? "merge %s" : "convert %s",
-                                  t->info.name);
+                env->trace(env->trace_ud, "cpu", t0, ferry__now(),
+                           merging ? "merge %s" : "convert %s", t->info.name);
             src = cdst;
         }
         if (!to_host) {
