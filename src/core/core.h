@@ -285,7 +285,9 @@ struct ferry {
     ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
                                  side, appended to under its read side */
     pthread_rwlock_t trace_lock; /* after lock in the lock order (see the top of this file) */
-    ferry__fence *fences, *fences_tail; /* releases waiting on events, oldest first */
+    struct {                  /* fence.c's: releases waiting on events, oldest first */
+        ferry__fence *head, *tail;
+    } fences;
     ferry_progress_fn progress; /* ferry_set_progress */
     void *progress_ud;
     ferry_stats stats;        /* counters; resident/peak filled from devs on read */
@@ -488,6 +490,9 @@ void ferry__copy_move(ferry *f, ferry_tensor *t, ferry__copy *dst, ferry__copy *
 /* fence.c — lock held by all */
 /* Drops one reference of EV; the last frees its device handles. */
 void ferry__event_unref(ferry_event *ev);
+/* T's reference stays until EV completes (EV and T each count the fence); FERRY_ENOMEM when it
+ * cannot be remembered (nothing changed). */
+int ferry__fence_add(ferry *f, ferry_event *ev, ferry_tensor *t);
 /* Ends the fences whose events have completed (queries, never waits). */
 void ferry__fences_reap(ferry *f);
 /* Waits for the oldest fence's event (dropping the lock meanwhile) and ends it. */

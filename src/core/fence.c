@@ -30,8 +30,8 @@ static void fence_end(ferry *f, ferry__fence **pp, ferry__fence *prev)
 {
     ferry__fence *fc = *pp;
     *pp = fc->next;
-    if (f->fences_tail == fc)
-        f->fences_tail = prev;
+    if (f->fences.tail == fc)
+        f->fences.tail = prev;
     fc->t->fenced--;
     ferry__release_tensor(f, fc->t);
     ferry__event_unref(fc->ev);
@@ -40,7 +40,7 @@ static void fence_end(ferry *f, ferry__fence **pp, ferry__fence *prev)
 
 void ferry__fences_reap(ferry *f)
 {
-    ferry__fence **pp = &f->fences, *prev = NULL;
+    ferry__fence **pp = &f->fences.head, *prev = NULL;
     int ended = 0;
     while (*pp) {
         ferry_event *ev = (*pp)->ev;
@@ -60,7 +60,7 @@ void ferry__fences_reap(ferry *f)
 
 void ferry__fences_wait_oldest(ferry *f)
 {
-    ferry__fence *first = f->fences;
+    ferry__fence *first = f->fences.head;
     if (!first)
         return;
     ferry_event *ev = first->ev;
@@ -70,7 +70,7 @@ void ferry__fences_wait_oldest(ferry *f)
     (void)d->ops->event_wait(d, ev->h[ev->dev], NULL);
     pthread_mutex_lock(&f->lock);
     /* every fence on EV had its record covered by this wait (a later record only delays them) */
-    ferry__fence **pp = &f->fences, *prev = NULL;
+    ferry__fence **pp = &f->fences.head, *prev = NULL;
     while (*pp) {
         if ((*pp)->ev == ev) {
             fence_end(f, pp, prev);
@@ -85,6 +85,22 @@ void ferry__fences_wait_oldest(ferry *f)
 
 void ferry__fences_wait_all(ferry *f)
 {
-    while (f->fences)
+    while (f->fences.head)
         ferry__fences_wait_oldest(f);
+}
+
+int ferry__fence_add(ferry *f, ferry_event *ev, ferry_tensor *t)
+{
+    ferry__fence *fc = malloc(sizeof *fc);
+    if (!fc)
+        return FERRY_ENOMEM;
+    *fc = (ferry__fence){.ev = ev, .t = t};
+    ev->refs++;
+    t->fenced++;
+    if (f->fences.tail)
+        f->fences.tail->next = fc;
+    else
+        f->fences.head = fc;
+    f->fences.tail = fc;
+    return 0;
 }

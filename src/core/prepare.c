@@ -452,7 +452,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
             }
             uint64_t gen = t->load_gen;
             rc = ferry__enqueue(f, t, home_only, 0, 0);
-            if (rc == FERRY_EBUDGET && f->fences) {
+            if (rc == FERRY_EBUDGET && f->fences.head) {
                 /* the room is held by releases waiting on the engine's events: wait for the
                  * oldest (without the lock), then try again */
                 ferry__err_clear(&f->err);

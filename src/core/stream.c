@@ -254,8 +254,7 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
                              t ? t->info.name : "(null)");
             continue;
         }
-        ferry__fence *fc = malloc(sizeof *fc);
-        if (!fc) {
+        if (ferry__fence_add(f, done, t)) {
             /* no memory to remember it: wait for the event here */
             ferry_device *d = f->devs[done->dev].d;
             done->refs++;
@@ -265,16 +264,7 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
             ferry__event_unref(done);
             if (t->refs - t->fenced > 0)
                 ferry__release_tensor(f, t);
-            continue;
         }
-        *fc = (ferry__fence){.ev = done, .t = t};
-        done->refs++;
-        t->fenced++;
-        if (f->fences_tail)
-            f->fences_tail->next = fc;
-        else
-            f->fences = fc;
-        f->fences_tail = fc;
     }
     ferry__fences_reap(f);
     pthread_mutex_unlock(&f->lock);
