@@ -8,6 +8,12 @@
  * needs is made; only then are the new files, tensors and metadata appended, by steps that cannot
  * fail. Files stay open (mapped) for the manager, which reaches them through catalog.h.
  *
+ * Headers are read with pread into a heap buffer and parsed from there, never from the mapping:
+ * a file truncated while it is opened makes a read come back short, reported as FERRY_ECHANGED
+ * (or FERRY_EIO) naming the file, where a touch of the mapping would die of SIGBUS. Everything
+ * the catalog keeps (names, metadata strings and arrays) is a copy, so the buffer is freed once
+ * the file is parsed.
+ *
  * Invariants: tensor names are separate allocations that never move (the name map points at them);
  * file objects are separate allocations (their addresses are handed out); tensors are stored in
  * file order (files in added order, each file's tensors in offset order).
@@ -17,6 +23,7 @@
 
 #include "formats/catalog.h"
 #include "formats/formats.h"
+#include "formats/json_priv.h"
 
 typedef struct cat_file {
     ferry__iofile io;
@@ -133,6 +140,71 @@ static int reserve(void **arr, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
+/* ---- reading headers ---------------------------------------------------------------------------
+ * A head holds the file's first bytes, read through the descriptor as a reader asks for them
+ * (ferry__src): HEAD_FIRST bytes (or the file, when smaller) at first, then doubled, or grown to
+ * what was asked when that is more, capped at the file's size. A header of H bytes thus costs at
+ * most max(HEAD_FIRST, 2 H) bytes of buffer, and the data section is never read. */
+#define HEAD_FIRST (UINT64_C(64) << 10)
+
+void (*ferry__catalog_read_hook)(const char *path, uint64_t offset, uint64_t len);
+
+typedef struct head {
+    ferry__src src;           /* src.data is buf, src.arg the head */
+    const ferry__iofile *io;
+    unsigned char *buf;       /* owned */
+} head;
+
+static int head_more(ferry__src *s, uint64_t want, ferry__err *e)
+{
+    head *h = s->arg;
+    const ferry__iofile *io = h->io;
+    uint64_t n = s->avail ? s->avail : HEAD_FIRST / 2;
+    n = n > UINT64_MAX / 2 ? UINT64_MAX : 2 * n;
+    n = FERRY__MIN(FERRY__MAX(n, want), s->size);
+    if (n <= s->avail)
+        return 0;
+    /* the file's size was checked against SIZE_MAX when it was opened */
+    unsigned char *p = realloc(h->buf, (size_t)n);
+    if (!p)
+        return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory for %llu bytes of its header",
+                           io->path, (unsigned long long)n);
+    h->buf = p;
+    s->data = p;
+    if (ferry__catalog_read_hook)
+        ferry__catalog_read_hook(io->path, s->avail, n - s->avail);
+    int rc = ferry__io_read(io, s->avail, n - s->avail, p + s->avail, FERRY_LOAD_READ, e);
+    if (rc) {
+        /* a short read is the file shrinking under the open: say so when fstat agrees */
+        ferry__err ch;
+        ferry__err_clear(&ch);
+        if (ferry__iofile_check(io, FERRY__PATH_NONE, &ch) == FERRY_ECHANGED)
+            return ferry__fail(e, FERRY_ECHANGED, "%s, while bytes [%llu, %llu) of its header "
+                               "were read", ch.msg, (unsigned long long)s->avail,
+                               (unsigned long long)n);
+        return rc;
+    }
+    s->avail = n;
+    return 0;
+}
+
+static void head_init(head *h, const ferry__iofile *io)
+{
+    memset(h, 0, sizeof *h);
+    h->io = io;
+    h->src.size = io->size;
+    h->src.more = head_more;
+    h->src.arg = h;
+}
+
+static void head_free(head *h)
+{
+    free(h->buf);
+    h->buf = NULL;
+    h->src.data = NULL;
+    h->src.avail = 0;
+}
+
 /* Opens PATH into a new staging entry (not parsed yet); *OUT is its index. */
 static int stage_open(staging *s, const char *path, size_t *out, ferry__err *e)
 {
@@ -152,41 +224,60 @@ static int stage_open(staging *s, const char *path, size_t *out, ferry__err *e)
     return 0;
 }
 
-/* Whether the file is a JSON text (an index): first non-space byte '{', and not a safetensors
- * file whose 8-byte length happens to start with that byte. */
-static int looks_like_index(const ferry__iofile *io)
+/* Whether the file read by H is a JSON text (an index): *IS set when its first non-space byte,
+ * within the first HEAD_FIRST bytes, is '{', and it is not a safetensors file whose 8-byte length
+ * happens to start with that byte. Reads those first bytes into H. */
+static int looks_like_index(head *h, int *is, ferry__err *e)
 {
-    const unsigned char *d = io->map;
-    uint64_t n = io->size, i = 0;
+    *is = 0;
+    uint64_t n = FERRY__MIN(h->src.size, HEAD_FIRST), i = 0;
+    int rc = ferry__src_fetch(&h->src, n, h->io->path, e);
+    if (rc)
+        return rc;
+    const unsigned char *d = h->src.data;
     while (i < n && (d[i] == ' ' || d[i] == '\t' || d[i] == '\n' || d[i] == '\r'))
         i++;
     if (i >= n || d[i] != '{')
         return 0;
     if (ferry__detect(d, (size_t)FERRY__MIN(n, 4096)) == FERRY_FORMAT_SAFETENSORS) {
         uint64_t len = ferry__le64(d);
-        if (len <= n - 8)
+        if (len <= h->src.size - 8)
             return 0; /* a safetensors header that fits: take it as safetensors */
     }
-    return 1;
+    *is = 1;
+    return 0;
 }
 
-/* Parses staged file I as whatever its content says (GGUF or safetensors). */
-static int stage_parse(staging *s, size_t i, ferry__err *e)
+/* Parses staged file I as whatever its content says (GGUF or safetensors), reading its header
+ * through H (a head of that file, maybe holding its first bytes already; the caller frees it). */
+static int stage_parse_head(staging *s, size_t i, head *h, ferry__err *e)
 {
     pending *pd = &s->v[i];
     const ferry__iofile *io = &pd->f->io;
-    ferry_format fmt = ferry__detect(io->map, (size_t)FERRY__MIN(io->size, 4096));
-    int rc;
+    uint64_t first = FERRY__MIN(io->size, 4096);
+    int rc = ferry__src_fetch(&h->src, first, io->path, e);
+    if (rc)
+        return rc;
+    ferry_format fmt = ferry__detect(h->src.data, (size_t)first);
     if (fmt == FERRY_FORMAT_GGUF)
-        rc = ferry__gguf_parse(io->map, io->size, io->path, &pd->p, e);
+        rc = ferry__gguf_read(&h->src, io->path, &pd->p, e);
     else if (fmt == FERRY_FORMAT_SAFETENSORS)
-        rc = ferry__safetensors_parse(io->map, io->size, io->path, &pd->p, e);
+        rc = ferry__safetensors_read(&h->src, io->path, &pd->p, e);
     else
         return ferry__fail(e, FERRY_EFORMAT, "%s: not a GGUF or safetensors file", io->path);
     if (rc)
         return rc;
     pd->f->format = fmt;
     return 0;
+}
+
+static int stage_parse(staging *s, size_t i, ferry__err *e)
+{
+    head h;
+    head_init(&h, &s->v[i].f->io);
+    int rc = stage_parse_head(s, i, &h, e);
+    head_free(&h);
+    return rc;
 }
 
 /* The folder part of PATH with its trailing '/', as a length ("" when none). */
@@ -251,11 +342,20 @@ static int by_shard_name(const void *a, const void *b)
     return strcmp(((const shard_ref *)a)->name, ((const shard_ref *)b)->name);
 }
 
-static int add_index(staging *s, const char *path, const ferry__iofile *io, ferry__err *e)
+/* The index read by H is parsed whole: it is a JSON document, read to its end (no larger than the
+ * JSON reader's limit on a document). H's buffer is freed once it is parsed. */
+static int add_index(staging *s, const char *path, head *h, ferry__err *e)
 {
     ferry__index ix;
     memset(&ix, 0, sizeof ix);
-    int rc = ferry__index_parse(io->map, io->size, path, &ix, e);
+    if (h->src.size > FERRY__JSON_MAX_TEXT)
+        return ferry__fail(e, FERRY_ELIMIT, "%s: index of %llu bytes exceeds the limit of %llu "
+                           "bytes of a JSON document", path, (unsigned long long)h->src.size,
+                           (unsigned long long)FERRY__JSON_MAX_TEXT);
+    int rc = ferry__src_fetch(&h->src, h->src.size, path, e);
+    if (!rc)
+        rc = ferry__index_parse(h->src.data, h->src.size, path, &ix, e);
+    head_free(h);
     if (rc)
         return rc;
     size_t first = s->n;
@@ -613,17 +713,27 @@ int ferry_catalog_add(ferry_catalog *c, const char *path, const char *prefix)
     int rc = stage_open(&s, path, &i0, e);
     if (rc)
         goto done;
-    if (looks_like_index(&s.v[0].f->io)) {
+    head h;
+    head_init(&h, &s.v[0].f->io);
+    int is_index = 0;
+    if ((rc = looks_like_index(&h, &is_index, e))) {
+        head_free(&h);
+        goto done;
+    }
+    if (is_index) {
         /* The index holds no tensors: it is read, then closed, and its shards take its place. */
         pending ix = s.v[0];
         memmove(&s.v[0], &s.v[1], --s.n * sizeof *s.v);
-        rc = add_index(&s, path, &ix.f->io, e);
+        rc = add_index(&s, path, &h, e);
+        head_free(&h);
         ferry__iofile_close(&ix.f->io);
         free(ix.f);
         if (rc)
             goto done;
     } else {
-        if ((rc = stage_parse(&s, 0, e)))
+        rc = stage_parse_head(&s, 0, &h, e);
+        head_free(&h);
+        if (rc)
             goto done;
         if (s.v[0].f->format == FERRY_FORMAT_GGUF && (rc = add_split_parts(&s, path, e)))
             goto done;

@@ -19,4 +19,9 @@ const ferry__iofile *ferry__catalog_file(const ferry_catalog *c, size_t i);
  * of range. */
 uint32_t ferry__catalog_tensor_file(const ferry_catalog *c, size_t i);
 
+/* A test seam: when set, called on the adding thread before each read of a header's bytes, with
+ * the file's path and the range about to be read (a test truncates the file there). Set it only
+ * while no catalog is being added to; NULL otherwise. */
+extern void (*ferry__catalog_read_hook)(const char *path, uint64_t offset, uint64_t len);
+
 #endif

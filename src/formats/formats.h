@@ -1,10 +1,12 @@
 /*
  * formats.h — the internal interface between the format readers/writers and the catalog.
  *
- * A reader parses one file that is already in memory (mapped or, for the fuzzers, a buffer) into
- * a ferry__parsed: its tensors (absolute offsets), its metadata, and nothing else. A reader checks
- * everything that can be checked inside one file; the catalog (catalog.c) checks what crosses files
- * (names unique across files, shards of one model) and owns the mappings.
+ * A reader parses one file's header into a ferry__parsed: its tensors (absolute offsets), its
+ * metadata, and nothing else. It reads from memory: a buffer of the whole file (the fuzzers, the
+ * tests), or one that the catalog fills with pread as the reader asks for more (ferry__src): never
+ * from the file's mapping, whose pages die of SIGBUS when the file is truncated under the parse.
+ * A reader checks everything that can be checked inside one file; the catalog (catalog.c) checks
+ * what crosses files (names unique across files, shards of one model) and owns the open files.
  *
  * Error codes, the same in every reader so the hostile-file tests can name them:
  *   not this format at all / wrong magic / bad version / wrong structure ........ FERRY_EFORMAT
@@ -96,6 +98,26 @@ int ferry__gguf_parse(const unsigned char *data, uint64_t size, const char *path
                       ferry__parsed *out, ferry__err *e);
 int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const char *path,
                              ferry__parsed *out, ferry__err *e);
+
+/* The bytes a reader parses when only the start of the file is in memory: the first AVAIL of the
+ * file's SIZE bytes are at DATA. A reader that needs bytes beyond AVAIL (but inside SIZE) calls
+ * MORE(SRC, WANT, E), which must make at least WANT (<= SIZE) bytes available, updating DATA and
+ * AVAIL (DATA may move: readers keep offsets, never pointers, across a call), or return a FERRY_E
+ * code with its message in E (the file shrank: FERRY_ECHANGED; a failed read: FERRY_EIO). MORE
+ * NULL means the whole file is there (AVAIL == SIZE). Limits and messages are those of the whole
+ * file: a reader's result and error do not depend on how the bytes arrived. Nothing a reader
+ * returns points into DATA. */
+typedef struct ferry__src {
+    const unsigned char *data;
+    uint64_t avail, size;
+    int (*more)(struct ferry__src *src, uint64_t want, ferry__err *e);
+    void *arg; /* MORE's own */
+} ferry__src;
+/* Makes the file's first WANT bytes (WANT <= SRC->size) be in memory: 0 when they are already,
+ * else SRC->more's answer (FERRY_EIO when it gives fewer, or there is no MORE). */
+int ferry__src_fetch(ferry__src *src, uint64_t want, const char *path, ferry__err *e);
+int ferry__gguf_read(ferry__src *src, const char *path, ferry__parsed *out, ferry__err *e);
+int ferry__safetensors_read(ferry__src *src, const char *path, ferry__parsed *out, ferry__err *e);
 
 /* A sharded safetensors index (*.safetensors.index.json). */
 typedef struct ferry__index {

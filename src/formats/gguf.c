@@ -1,9 +1,12 @@
 /*
  * gguf.c — the GGUF reader (versions 2 and 3) and header writer.
  *
- * The reader walks a file that is already in memory with a bounds-checked cursor; nothing is read
- * before the bytes are known to be there, and nothing is allocated before its count is known to
- * fit in the file. It never trusts a number from the file: counts are bounded by the bytes they
+ * The reader walks the file's bytes with a bounds-checked cursor; nothing is read before the bytes
+ * are known to be there, and nothing is allocated before its count is known to fit in the file.
+ * The bytes are in memory from the start (a buffer of the whole file) or arrive as the cursor asks
+ * for them (ferry__src: the catalog's pread buffer, grown as the header turns out longer), so that
+ * one pass reads a header of unknown size. Bounds are checked against the file's size; only then
+ * does the cursor fetch what is not yet in memory. It never trusts a number from the file: counts are bounded by the bytes they
  * would need, products and sums are checked, types are looked up in the dtype table. The error
  * codes follow the table in formats.h; every message starts with the path and names the key or
  * tensor and the numbers involved.
@@ -37,20 +40,34 @@
 #define GGUF_PREALLOC 4096u
 
 typedef struct cursor {
-    const unsigned char *d;
-    uint64_t size, pos;
+    const unsigned char *d; /* the file's first AVAIL bytes (moves when the source grows) */
+    uint64_t avail, size, pos;
+    ferry__src *src;
     const char *path;
     ferry__err *e;
     uint64_t items; /* array items read so far (<= GGUF_MAX_ITEMS) */
 } cursor;
 
+/* Bytes of the file after the cursor (whether in memory or not). */
 static uint64_t left(const cursor *c) { return c->size - c->pos; }
+
+/* Makes the N bytes at the cursor (N <= left(c), checked by the caller) be in memory, asking the
+ * source for more when they are not. Pointers into c->d do not survive a call. */
+static int fetch(cursor *c, uint64_t n)
+{
+    if (n <= c->avail - c->pos)
+        return 0;
+    int rc = ferry__src_fetch(c->src, c->pos + n, c->path, c->e);
+    c->d = c->src->data;
+    c->avail = FERRY__MIN(c->src->avail, c->size);
+    return rc;
+}
 
 /* ETRUNC unless N more bytes are there. WHAT names the structure being read. */
 static int need(cursor *c, uint64_t n, const char *what)
 {
     if (n <= left(c))
-        return 0;
+        return fetch(c, n);
     return ferry__fail(c->e, FERRY_ETRUNC,
                        "%s: file ends at %llu bytes inside %s at offset %llu (%llu bytes needed, "
                        "%llu left)",
@@ -98,7 +115,7 @@ static int bound(cursor *c, uint64_t count, uint64_t unit, const char *what, con
                            c->path, what, name ? " '" : "", name ? name : "", name ? "'" : "",
                            (unsigned long long)c->pos, (unsigned long long)total,
                            (unsigned long long)left(c));
-    return 0;
+    return fetch(c, total);
 }
 
 /* A key or tensor name: u64 length (<= FERRY__MAX_NAME, no NUL inside, not empty), bytes.
@@ -273,17 +290,22 @@ static int measure_items(cursor *c, uint32_t elem, uint64_t n, unsigned depth, u
         return 0;
     }
     if (elem == FERRY_VALUE_STRING) {
-        /* The hot loop of a vocabulary: lengths only, the checks of rd_u64 and bound() inline;
-         * on a failure those two are called again to write the message. */
+        /* The hot loop of a vocabulary: lengths only, within what is in memory. A string that
+         * runs past that goes through rd_u64 and bound(), which fetch more or write the
+         * message. */
         uint64_t pos = c->pos, sum = 0;
         for (uint64_t i = 0; i < n; i++) {
             uint64_t len;
-            if (c->size - pos < 8 || (len = ferry__le64(c->d + pos)) > c->size - pos - 8) {
+            if (c->avail - pos < 8 || (len = ferry__le64(c->d + pos)) > c->avail - pos - 8) {
                 c->pos = pos;
                 int rc = rd_u64(c, &len, "a string length");
                 if (!rc)
                     rc = bound(c, len, 1, "the string value of key", key);
-                return rc ? rc : FERRY_EINVAL;
+                if (rc)
+                    return rc;
+                pos = c->pos + len;
+                sum += len + 1;
+                continue;
             }
             pos += 8 + len;
             sum += len + 1;
@@ -440,12 +462,23 @@ static int is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
 int ferry__gguf_parse(const unsigned char *data, uint64_t size, const char *path,
                       ferry__parsed *out, ferry__err *e)
 {
+    ferry__src src = {data, size, size, NULL, NULL};
+    return ferry__gguf_read(&src, path, out, e);
+}
+
+int ferry__gguf_read(ferry__src *src, const char *path, ferry__parsed *out, ferry__err *e)
+{
     memset(out, 0, sizeof *out);
-    cursor cur = {data, size, 0, path, e, 0}, *c = &cur;
+    uint64_t size = src->size;
+    cursor cur = {src->data, FERRY__MIN(src->avail, size), size, 0, src, path, e, 0}, *c = &cur;
     ferry__hmap keys = {0};
     int rc;
 
-    if (size < 4 || memcmp(data, "GGUF", 4) != 0)
+    if (size < 4)
+        return ferry__fail(e, FERRY_EFORMAT, "%s: not a GGUF file (no \"GGUF\" magic)", path);
+    if ((rc = fetch(c, 4)))
+        return rc;
+    if (memcmp(c->d, "GGUF", 4) != 0)
         return ferry__fail(e, FERRY_EFORMAT, "%s: not a GGUF file (no \"GGUF\" magic)", path);
     c->pos = 4;
     uint32_t version;

@@ -2,7 +2,8 @@
  * parsed.c — the in-memory result of parsing one model file (ferry__parsed), shared by the GGUF
  * and safetensors readers: growing arrays of tensors and metadata, deep value copies (an array
  * into one block, the ownership rule of formats.h), the one-file consistency check (unique names,
- * no overlap, inside the file), and content sniffing.
+ * no overlap, inside the file), content sniffing, and fetching more of a file a reader reads as
+ * it goes (ferry__src).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,20 @@ int ferry__parsed_check(ferry__parsed *p, const char *path, uint64_t file_size, 
         far = b;
     }
     return 0;
+}
+
+int ferry__src_fetch(ferry__src *src, uint64_t want, const char *path, ferry__err *e)
+{
+    if (want <= src->avail)
+        return 0;
+    int rc = src->more ? src->more(src, want, e)
+                       : ferry__fail(e, FERRY_EINVAL, "%s: bytes [%llu, %llu) are not in memory",
+                                     path, (unsigned long long)src->avail,
+                                     (unsigned long long)want);
+    if (!rc && want > src->avail)
+        rc = ferry__fail(e, FERRY_EIO, "%s: bytes [%llu, %llu) of the header could not be read",
+                         path, (unsigned long long)src->avail, (unsigned long long)want);
+    return rc;
 }
 
 ferry_format ferry__detect(const unsigned char *buf, size_t n)

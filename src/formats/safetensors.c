@@ -232,15 +232,25 @@ static int st_member(char *key, ferry__json *v, size_t at, void *arg)
 int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const char *path,
                              ferry__parsed *out, ferry__err *e)
 {
+    ferry__src src = {data, size, size, NULL, NULL};
+    return ferry__safetensors_read(&src, path, out, e);
+}
+
+int ferry__safetensors_read(ferry__src *src, const char *path, ferry__parsed *out, ferry__err *e)
+{
     memset(out, 0, sizeof *out);
     if (!path)
         path = "(safetensors)";
+    uint64_t size = src->size;
     if (size < 8)
         return ferry__fail(e, FERRY_ETRUNC,
                            "%s: safetensors: file of %llu bytes is too short for the 8-byte "
                            "header length",
                            path, (unsigned long long)size);
-    uint64_t n = ferry__le64(data);
+    int rc = ferry__src_fetch(src, 8, path, e);
+    if (rc)
+        return rc;
+    uint64_t n = ferry__le64(src->data);
     if (n > FERRY__MAX_ST_HEADER)
         return ferry__fail(e, FERRY_ELIMIT,
                            "%s: safetensors: header length %llu exceeds the limit of %llu bytes",
@@ -250,15 +260,18 @@ int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const cha
                            "%s: safetensors: header of %llu bytes runs past the end of the file "
                            "(%llu bytes)",
                            path, (unsigned long long)n, (unsigned long long)size);
+    /* The header, bounded above, is all the reader looks at: the data section stays unread. */
+    if ((rc = ferry__src_fetch(src, 8 + n, path, e)))
+        return rc;
 
-    const char *text = (const char *)data + 8;
+    const char *text = (const char *)src->data + 8;
     size_t i = 0;
     while (i < n && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
         i++;
     if (i == n || text[i] != '{') {
         /* not an object: its JSON error, or what it is instead */
         ferry__json root;
-        int rc = ferry__json_parse(text, (size_t)n, path, &root, e);
+        rc = ferry__json_parse(text, (size_t)n, path, &root, e);
         if (rc)
             return rc;
         char b[80];
@@ -274,7 +287,7 @@ int ferry__safetensors_parse(const unsigned char *data, uint64_t size, const cha
      * twice: the JSON is checked whole before any member is judged (a syntax error anywhere is
      * EJSON, as for a document parsed at once). */
     st_member_ctx ctx = {path, out, e, 0};
-    int rc = ferry__json_parse_members(text, (size_t)n, path, st_drop, NULL, e);
+    rc = ferry__json_parse_members(text, (size_t)n, path, st_drop, NULL, e);
     if (!rc)
         rc = ferry__json_parse_members(text, (size_t)n, path, st_member, &ctx, e);
     if (!rc)
