@@ -286,7 +286,12 @@ FERRY_API void ferry_catalog_destroy(ferry_catalog *c);
  * content. Every name gets PREFIX (NULL or "" for none) in front. Every number in the file is
  * checked before use. On failure nothing is added, and the message names file, tensor and the
  * offending numbers. A tensor name that collides with one already present is FERRY_EDUP naming
- * both files. */
+ * both files.
+ * Headers are read through the file's descriptor into memory of their own, freed before the add
+ * returns (the file's first bytes, up to twice the header or 64 KiB, whichever is more), never
+ * out of the mapping: a file truncated while it is added makes the add fail with FERRY_ECHANGED
+ * naming the file and what changed (FERRY_EIO when a read came back short but the file looks as
+ * it was at open), never with SIGBUS, guard or not. Names and metadata are copies. */
 FERRY_API int ferry_catalog_add(ferry_catalog *c, const char *path, const char *prefix);
 /* The message of the last failure on C ("" when none). Valid until the next call on C. */
 FERRY_API const char *ferry_catalog_errmsg(const ferry_catalog *c);
@@ -564,7 +569,8 @@ FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
  * ferry_prepare of a tensor of that file, or by ferry_check_files, with FERRY_ECHANGED. A policy
  * with load FERRY_LOAD_READ or FERRY_LOAD_DIRECT gives private copies: their bytes never change
  * under the engine and they never fault; the file's change is still reported at the next
- * prepare. ferry's own copies never read the mapping and never die of SIGBUS.
+ * prepare. ferry's own copies, and its reading of the headers at open, never read the mapping
+ * and never die of SIGBUS.
  *
  * Writing: the pointer is typed void * for the engine's convenience, but memory ferry serves from
  * the file mapping (zero-copy and lazy tensors) is mapped PROT_READ: any write faults (SIGSEGV),

@@ -30,8 +30,8 @@
 
 /* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE.
  * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
- * truncated under it is an error, not SIGBUS. Only zero-copy pointers handed to the engine and
- * the parse at open read the mapping. The struct must not move between open and close (the
+ * truncated under it is an error, not SIGBUS. Only zero-copy pointers handed to the engine read
+ * the mapping (the catalog parses headers from pread buffers too). The struct must not move between open and close (the
  * SIGBUS guard's registry points at `changed`). */
 typedef struct ferry__iofile {
     char *path;                 /* owned */
