@@ -235,6 +235,81 @@ static inline void fuzz_roundtrip(ferry__parsed *p, fuzz_parse_fn parse, fuzz_se
     free(file);
 }
 
+/* A source (ferry__src) that hands the reader the input in growing pieces, each time in a fresh
+ * buffer, so that a pointer the reader kept across a fetch reads freed memory (which ASan
+ * reports): for inputs up to FUZZ_DRIP_EXACT bytes exactly what it asks for (every read that
+ * crosses the end of what is there fetches), beyond that twice what it had when that is more
+ * (each fetch copies all, so exact pieces would cost the square of the size). */
+#define FUZZ_DRIP_EXACT (16u << 10)
+typedef struct fuzz_drip {
+    const uint8_t *data;
+    unsigned char *buf;
+    unsigned fetches;
+} fuzz_drip;
+
+static inline int fuzz_drip_more(ferry__src *s, uint64_t want, ferry__err *e)
+{
+    fuzz_drip *d = s->arg;
+    FUZZ_REQUIRE(want > s->avail && want <= s->size);
+    uint64_t n = s->size > FUZZ_DRIP_EXACT && 2 * s->avail > want ? 2 * s->avail : want;
+    n = n < s->size ? n : s->size;
+    unsigned char *q = malloc((size_t)n);
+    if (!q)
+        return ferry__fail(e, FERRY_ENOMEM, "fuzz: out of memory");
+    memcpy(q, d->data, (size_t)n);
+    free(d->buf);
+    d->buf = q;
+    d->fetches++;
+    s->data = q;
+    s->avail = n;
+    return 0;
+}
+
+typedef int (*fuzz_read_fn)(ferry__src *, const char *, ferry__parsed *, ferry__err *);
+
+/* Reads the SIZE bytes at DATA again through a fuzz_drip source and requires what the reader
+ * gave for the whole buffer: status RC and message E_MSG, or, on success, P's tensors and
+ * metadata, in the same order. */
+static inline void fuzz_incremental(const uint8_t *data, size_t size, fuzz_read_fn read,
+                                    const char *path, int rc, const char *e_msg,
+                                    const ferry__parsed *p)
+{
+    fuzz_drip d = {data, NULL, 0};
+    ferry__src src = {NULL, 0, size, fuzz_drip_more, &d};
+    ferry__parsed q;
+    ferry__err e;
+    memset(&e, 0, sizeof e);
+    int rq = read(&src, path, &q, &e);
+    free(d.buf);
+    if (rq == FERRY_ENOMEM && rc != FERRY_ENOMEM) {
+        ferry__parsed_free(&q);
+        return;
+    }
+    if (rq != rc || (rc && strcmp(e.msg, e_msg) != 0))
+        fprintf(stderr, "read in %u pieces: %d \"%s\"; whole: %d \"%s\"\n", d.fetches, rq,
+                e.msg, rc, e_msg);
+    FUZZ_REQUIRE(rq == rc);
+    FUZZ_REQUIRE(!rc || strcmp(e.msg, e_msg) == 0);
+    if (!rc) {
+        FUZZ_REQUIRE(q.n_tensors == p->n_tensors && q.n_meta == p->n_meta);
+        FUZZ_REQUIRE(q.data_offset == p->data_offset && q.alignment == p->alignment);
+        for (size_t i = 0; i < p->n_tensors; i++) {
+            const ferry__tdesc *a = &p->tensors[i], *b = &q.tensors[i];
+            FUZZ_REQUIRE(strcmp(a->name, b->name) == 0 && a->offset == b->offset &&
+                         a->nbytes == b->nbytes && a->dtype == b->dtype && a->ndim == b->ndim);
+            for (uint32_t k = 0; k < a->ndim; k++)
+                FUZZ_REQUIRE(a->shape[k] == b->shape[k]);
+        }
+        for (size_t i = 0; i < p->n_meta; i++) {
+            FUZZ_REQUIRE(strcmp(p->meta[i].key, q.meta[i].key) == 0);
+            FUZZ_REQUIRE(fuzz_value_eq(&p->meta[i].val, &q.meta[i].val));
+        }
+    } else {
+        FUZZ_REQUIRE(q.n_tensors == 0 && q.n_meta == 0);
+    }
+    ferry__parsed_free(&q);
+}
+
 /* Opens the same bytes (which P was parsed from) through the public catalog, from a memory file,
  * and requires the catalog to agree with P: every tensor found by name at its place, with the
  * row view consistent with its shape, and every metadata key readable through the getters.

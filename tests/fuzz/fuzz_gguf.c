@@ -1,7 +1,8 @@
 /*
  * fuzz_gguf.c — libFuzzer target for the GGUF reader (ferry__gguf_parse), in memory.
  *
- * Every input is parsed; a refusal must be clean (fuzz_check.h), a success must keep the reader's
+ * Every input is parsed, whole and again in growing pieces (as the catalog reads a header), with
+ * the same result; a refusal must be clean (fuzz_check.h), a success must keep the reader's
  * promises, open the same way through the public catalog, survive a round trip through the header
  * serializer, and free without a leak. Also run over tests/fuzz/corpus/gguf by replay.c in
  * ordinary test runs.
@@ -22,6 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&p, 0, sizeof p);
     memset(&e, 0, sizeof e);
     int rc = ferry__gguf_parse(data, size, path, &p, &e);
+    fuzz_incremental(data, size, ferry__gguf_read, path, rc, e.msg, &p);
     if (rc) {
         fuzz_refused(rc, &e, path, &p);
         ferry__parsed_free(&p);

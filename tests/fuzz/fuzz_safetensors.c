@@ -2,7 +2,8 @@
  * fuzz_safetensors.c — libFuzzer target for the safetensors reader (ferry__safetensors_parse),
  * in memory, with the JSON parser underneath it.
  *
- * Every input is parsed; a refusal must be clean (fuzz_check.h), a success must keep the reader's
+ * Every input is parsed, whole and again in growing pieces (as the catalog reads a header), with
+ * the same result; a refusal must be clean (fuzz_check.h), a success must keep the reader's
  * promises, open the same way through the public catalog, survive a round trip through the header
  * serializer, and free without a leak. The JSON text after the length prefix also goes through
  * ferry__json_parse on its own, so the DOM is built and freed for inputs the reader refuses for
@@ -51,6 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&p, 0, sizeof p);
     memset(&e, 0, sizeof e);
     int rc = ferry__safetensors_parse(data, size, path, &p, &e);
+    fuzz_incremental(data, size, ferry__safetensors_read, path, rc, e.msg, &p);
     if (rc) {
         fuzz_refused(rc, &e, path, &p);
     } else {
