@@ -252,20 +252,28 @@ VD_AVX2 static float q8_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
     return hsum(acc);
 }
 
+/* The order of llama.cpp's repacked q4_0 kernel (q4_0_8x8, which its x86 CPU back end uses for
+ * every q4_0 weight of a multiple of 8 rows): each block's exact integer sum, then one f32 fma per
+ * block into a single accumulator, blocks in order. */
 VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    float s = 0.0f;
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i e8 = _mm256_set1_epi8(8);
     for (uint64_t b = 0; b < n / 32; b++, w += 18, xq += 34) {
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq)));
+        float d = _cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq));
         __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
         __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
         a = _mm256_sub_epi8(a, e8);
         __m256i c = _mm256_loadu_si256((const __m256i *)(xq + 2));
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(a, c), acc);
+        __m256i ax = _mm256_sign_epi8(a, a), sc = _mm256_sign_epi8(c, a);
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sc), _mm256_set1_epi16(1));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        s = fmaf((float)_mm_cvtsi128_si32(h), d, s);
     }
-    return hsum(acc);
+    return s;
 }
 
 VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
