@@ -310,7 +310,6 @@ VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i k32 = _mm256_set1_epi8(32);
     for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
         const uint8_t *q8 = xq + 4;
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -320,14 +319,17 @@ VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
             ferry__q6k_quants_avx2(w, h, q);
             for (int g = 0; g < 4; g++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * g));
-                /* (q - 32) . x = q . x - 32 . x, q in 0..63 as unsigned bytes */
-                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], x),
-                                             _mm256_maddubs_epi16(k32, x));
+                __m256i p = _mm256_maddubs_epi16(q[g], x); /* q in 0..63 as unsigned bytes */
                 __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]),
                                              _mm_set1_epi16(sc[8 * h + 2 * g]));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
+        /* (q - 32) . x = q . x - 32 * (bsum . scale), the correction spread over the lanes in
+         * pairs of 16-element groups as llama.cpp does: the lanes' float roundings then agree */
+        __m256i bs = _mm256_loadu_si256((const __m256i *)(xq + 4 + 256));
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
         __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
