@@ -276,10 +276,12 @@ VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
     return s;
 }
 
+/* The order of llama.cpp's repacked q4_K kernel (q4_K_8x8, used on x86 for every q4_K weight of a
+ * multiple of 8 rows): per super-block the exact integer sums of scaled and of min terms, each
+ * meeting its f32 scale in one fma into its own accumulator. */
 VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+    float acc = 0.0f, mins = 0.0f;
     const __m256i m4 = _mm256_set1_epi8(15);
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
         const uint8_t *q8 = xq + 4;
@@ -299,12 +301,14 @@ VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
             __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16((short)sc2));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
         float dx = q8k_d(xq);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * dx);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-        mins += _cvtsh_ss(ferry__ld16(w + 2)) * dx * (float)summs;
+        acc = fmaf((float)_mm_cvtsi128_si32(h), _cvtsh_ss(ferry__ld16(w)) * dx, acc);
+        mins = fmaf((float)summs, _cvtsh_ss(ferry__ld16(w + 2)) * dx, mins);
     }
-    return hsum(acc) - mins;
+    return acc - mins;
 }
 
 VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
