@@ -4,7 +4,8 @@
  * takes — q8_0 blocks for q4_0 / q8_0 weights, q8_K blocks for q4_K / q6_K, f16 or bf16 precision
  * for f16 / bf16 weights — and quantized weights then meet it in integer dot products. Sums within
  * a block are exact integers, so the portable and the AVX2 kernels differ only in the order of
- * the float sums over blocks.
+ * the float sums over blocks — except q4_0 and q4_K, which both sum in the order of llama.cpp's
+ * repacked x86 kernels (one fma per block), the same bits on every machine.
  *
  * The activation quantizers follow llama.cpp's x86 code: q8_0 with d = amax / 127 and
  * q = round-half-even(x * (127 / amax)); q8_K (float d, 256 int8, 16 int16 block sums) with
@@ -151,7 +152,7 @@ static float q4_0_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
         int32_t sum = 0;
         for (int j = 0; j < 16; j++)
             sum += ((w[2 + j] & 15) - 8) * c[j] + ((w[2 + j] >> 4) - 8) * c[j + 16];
-        s += (float)sum * (ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)));
+        s = fmaf((float)sum, ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)), s);
     }
     return s;
 }
@@ -172,7 +173,7 @@ static int16_t q8k_bsum(const uint8_t *xq, int g)
 
 static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    float s = 0.0f;
+    float s = 0.0f, mins = 0.0f;
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
         const int8_t *q8 = (const int8_t *)(xq + 4);
         const uint8_t *q4 = w + 16;
@@ -190,9 +191,10 @@ static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
         }
         float d = ferry__h2f(ferry__ld16(w)) * q8k_d(xq);
         float dmin = ferry__h2f(ferry__ld16(w + 2)) * q8k_d(xq);
-        s += d * (float)sumi - dmin * (float)summs;
+        s = fmaf((float)sumi, d, s);
+        mins = fmaf((float)summs, dmin, mins);
     }
-    return s;
+    return s - mins;
 }
 
 static float q6_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)

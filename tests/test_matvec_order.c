@@ -1,0 +1,187 @@
+/*
+ * test_matvec_order.c — ferry_matvec_q gives llama.cpp's bits, not only its values: the float
+ * sums of q4_0 and q4_K rows follow its repacked x86 kernels (per block the exact integer sum
+ * times the f32 product of the two scales, one fma per block into one accumulator; q4_K keeps a
+ * second accumulator for the min terms), on the portable and the AVX2 path; with AVX2, q6_K rows
+ * follow its AVX2 kernel's eight lanes (the -32 offset taken off per lane as 32 * the scaled sums
+ * of pairs of 16-element groups, then one fma per block and lane, lanes summed pairwise). The
+ * expected values are computed here from the GGUF block layouts, element by element.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "dtype/dtype.h"
+#include "dtype/dtype_kern.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float frand(void) { return (float)(rng() % 20001) / 10000.0f - 1.0f; }
+
+static float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return ferry__f16_to_f32(h);
+}
+
+/* q4_K's 6-bit scale and min of sub-block J from the 12 packed bytes S (GGUF layout) */
+static void k4_sm(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* the prepared q8_K vector: float d, 256 int8, 16 int16 sums per block */
+static float q8k_d(const uint8_t *b)
+{
+    float d;
+    memcpy(&d, b, 4);
+    return d;
+}
+static int q8k_bsum(const uint8_t *b, int g)
+{
+    int16_t v;
+    memcpy(&v, b + 4 + 256 + 2 * g, 2);
+    return v;
+}
+
+static float want_q4_0(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < n / 32; b++, w += 18, xq += 34) {
+        const int8_t *x = (const int8_t *)(xq + 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += ((w[2 + j] & 15) - 8) * x[j] + ((w[2 + j] >> 4) - 8) * x[j + 16];
+        acc = fmaf((float)isum, f16_at(w) * f16_at(xq), acc);
+    }
+    return acc;
+}
+
+static float want_q4_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float acc = 0.0f, macc = 0.0f;
+    for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += 4 + 256 + 32) {
+        const int8_t *x = (const int8_t *)(xq + 4);
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m, s = 0, xs = 0;
+            k4_sm(w + 4, j, &sc, &m);
+            for (int l = 0; l < 32; l++) {
+                uint8_t byte = w[16 + 32 * (j / 2) + l];
+                s += ((j & 1) ? byte >> 4 : byte & 15) * x[32 * j + l];
+                xs += x[32 * j + l];
+            }
+            isum += sc * s;
+            imin += m * xs;
+        }
+        float dx = q8k_d(xq);
+        acc = fmaf((float)isum, f16_at(w) * dx, acc);
+        macc = fmaf((float)imin, f16_at(w + 2) * dx, macc);
+    }
+    return acc - macc;
+}
+
+static float want_q6_k_lanes(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float a[8] = {0};
+    for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += 4 + 256 + 32) {
+        const int8_t *x = (const int8_t *)(xq + 4), *sc = (const int8_t *)(w + 192);
+        int32_t lane[8] = {0};
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, r = e % 128, g = r / 32, l = r % 32;
+            uint8_t lo = w[64 * h + l + 32 * (g & 1)];
+            int q = ((g & 2) ? lo >> 4 : lo & 15) | (((w[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
+            lane[l / 4] += sc[e / 16] * q * x[e];
+        }
+        float d = q8k_d(xq) * f16_at(w + 208);
+        for (int L = 0; L < 8; L++) {
+            lane[L] -= 32 * (q8k_bsum(xq, 2 * L) * sc[2 * L] + q8k_bsum(xq, 2 * L + 1) * sc[2 * L + 1]);
+            a[L] = fmaf((float)lane[L], d, a[L]);
+        }
+    }
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* ROWS random rows of type T: q4_0 quantized from floats, the k-quants random bytes with
+ * weight-sized f16 scales. */
+static void fill(ferry_dtype t, uint8_t *w, uint64_t rows, uint64_t n, float *tmp)
+{
+    uint64_t rb = 0;
+    CHECK_EQ_INT(ferry_dtype_nbytes(t, n, &rb), 0);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint8_t *p = w + r * rb;
+        if (t == FERRY_DTYPE_Q4_0) {
+            for (uint64_t i = 0; i < n; i++)
+                tmp[i] = 0.02f * frand();
+            CHECK_EQ_INT(ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t, p, n), 0);
+            continue;
+        }
+        uint64_t bb = ferry_dtype_block_bytes(t);
+        for (uint64_t i = 0; i < rb; i++)
+            p[i] = (uint8_t)rng();
+        for (uint64_t b = 0; b < n / 256; b++) {
+            uint16_t h = ferry__f32_to_f16(1e-4f * (float)(1 + rng() % 8));
+            if (t == FERRY_DTYPE_Q4_K) {
+                memcpy(p + b * bb, &h, 2);
+                memcpy(p + b * bb + 2, &h, 2);
+            } else {
+                memcpy(p + b * bb + 208, &h, 2);
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    enum { ROWS = 64, N = 2048 };
+    static const ferry_dtype types[] = {FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K, FERRY_DTYPE_Q6_K};
+    static uint8_t w[ROWS * N], xq[N * 2];
+    static float x[N], tmp[N], y[ROWS];
+    int avx2 = ferry__dtype_use_avx2();
+    for (uint64_t i = 0; i < N; i++)
+        x[i] = frand() * (i % 13 == 0 ? 4.0f : 1.0f);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        ferry_dtype t = types[ti];
+        uint64_t rb = 0;
+        CHECK_EQ_INT(ferry_dtype_nbytes(t, N, &rb), 0);
+        fill(t, w, ROWS, N, tmp);
+        CHECK_EQ_INT(ferry_matvec_vec_quantize(t, x, N, xq), 0);
+        for (int isa = 0; isa < 2; isa++) {
+            int generic = isa == 1 || !avx2;
+            if (t == FERRY_DTYPE_Q6_K && generic)
+                continue; /* the lane order is that of the AVX2 kernel */
+            ferry__dtype_force_generic(generic);
+            CHECK_EQ_INT(ferry_matvec_q(t, w, ROWS, N, xq, y), 0);
+            int bad = 0;
+            for (int r = 0; r < ROWS; r++) {
+                const uint8_t *row = w + r * rb;
+                float want = t == FERRY_DTYPE_Q4_0   ? want_q4_0(row, xq, N)
+                             : t == FERRY_DTYPE_Q4_K ? want_q4_k(row, xq, N)
+                                                     : want_q6_k_lanes(row, xq, N);
+                if (memcmp(&want, &y[r], sizeof want) != 0) {
+                    if (!bad)
+                        fprintf(stderr, "%s row %d (%s): %.9g, expected %.9g\n",
+                                ferry_dtype_name(t), r, ferry__dot_isa(), (double)y[r],
+                                (double)want);
+                    bad++;
+                }
+            }
+            CHECK_EQ_INT(bad, 0);
+            ferry__dtype_force_generic(0);
+        }
+    }
+    return check_finish();
+}
