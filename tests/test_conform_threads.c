@@ -36,7 +36,7 @@ static int check_bytes(ferry *f, ferry_tensor *t, const unsigned char *want)
     int dev = t->comp.dev; /* stable while prepared */
     ferry_device *d = f->devs[dev].d;
     int ok;
-    if (d->host_accessible)
+    if (f->devs[dev].p.host_accessible)
         ok = memcmp(p, want, n) == 0;
     else
         ok = ferry__device_read(d, got, p, n) == 0 && memcmp(got, want, n) == 0;

@@ -100,10 +100,10 @@ static void device_basics(void)
     ferry_device *d = open_dev("cuda:0");
     if (!d)
         return;
-    CHECK_STR(d->kind, "cuda");
-    CHECK_EQ_INT(d->host_accessible, 0);
-    CHECK_EQ_INT(d->alignment, 256);
-    CHECK_EQ_INT(d->max_alloc, FAKE_MEM);
+    CHECK_STR(FERRY__DP(d).kind, "cuda");
+    CHECK_EQ_INT(FERRY__DP(d).host_accessible, 0);
+    CHECK_EQ_INT(FERRY__DP(d).alignment, 256);
+    CHECK_EQ_INT(FERRY__DP(d).max_alloc, FAKE_MEM);
     uint64_t fr = 0, tot = 0, fr2 = 0;
     CHECK_EQ_INT(d->ops->mem_info(d, &fr, &tot), 0);
     CHECK_EQ_INT(tot, FAKE_MEM);

@@ -86,13 +86,13 @@ static void conform_fields(ferry_device *d, const char *spec)
 {
     CHECK(d->ops != NULL);
     CHECK_EQ_INT(d->ops->version, FERRY_DEVICE_OPS_VERSION);
-    CHECK_STR(d->name, spec);
-    CHECK(d->kind[0] != 0);
-    CHECK(d->alignment > 0 && (d->alignment & (d->alignment - 1)) == 0);
-    CHECK(d->max_alloc > 0);
+    CHECK_STR(FERRY__DP(d).name, spec);
+    CHECK(FERRY__DP(d).kind[0] != 0);
+    CHECK(FERRY__DP(d).alignment > 0 && (FERRY__DP(d).alignment & (FERRY__DP(d).alignment - 1)) == 0);
+    CHECK(FERRY__DP(d).max_alloc > 0);
     CHECK(d->ops->alloc && d->ops->free && d->ops->copy_h2d && d->ops->copy_d2h && d->ops->wait &&
           d->ops->synchronize && d->ops->mem_info && d->ops->destroy);
-    CHECK_EQ_INT(d->host_accessible, strcmp(d->kind, "cpu") == 0);
+    CHECK_EQ_INT(FERRY__DP(d).host_accessible, strcmp(FERRY__DP(d).kind, "cpu") == 0);
 }
 
 static void conform_alloc(ferry_device *d)
@@ -104,7 +104,7 @@ static void conform_alloc(ferry_device *d)
         int rc = d->ops->alloc(d, sizes[i], &ptrs[i]);
         CHECK_EQ_INT(rc, 0);
         CHECK(ptrs[i] != NULL);
-        CHECK_EQ_INT((uintptr_t)ptrs[i] & (d->alignment - 1), 0);
+        CHECK_EQ_INT((uintptr_t)ptrs[i] & (FERRY__DP(d).alignment - 1), 0);
         for (size_t j = 0; j < i; j++)
             CHECK(ptrs[j] != ptrs[i]);
     }
@@ -118,9 +118,9 @@ static void conform_alloc(ferry_device *d)
     CHECK(huge == NULL);
 
     /* max_alloc is refused, and *ptr is NULL */
-    if (d->max_alloc < UINT64_MAX) {
+    if (FERRY__DP(d).max_alloc < UINT64_MAX) {
         void *p = (void *)1;
-        CHECK_EQ_INT(d->ops->alloc(d, d->max_alloc + 1, &p), FERRY_ENOMEM);
+        CHECK_EQ_INT(d->ops->alloc(d, FERRY__DP(d).max_alloc + 1, &p), FERRY_ENOMEM);
         CHECK(p == NULL);
         CHECK(strlen(msg(d)) > 0);
     }
@@ -133,7 +133,7 @@ static void conform_mem_info(ferry_device *d)
     CHECK(tot > 0);
     CHECK(fr <= tot);
     CHECK_EQ_INT(d->ops->mem_info(d, NULL, NULL), 0);
-    if (strcmp(d->kind, "sim") == 0) {
+    if (strcmp(FERRY__DP(d).kind, "sim") == 0) {
         /* exact accounting: an allocation of a multiple of the alignment takes exactly its size */
         void *p;
         uint64_t fr2;
@@ -170,7 +170,7 @@ static void round_trip(ferry_device *d, uint64_t n, uint64_t off, uint64_t seed)
     int same = memcmp(dst + 32, src, n) == 0;
     if (!same)
         fprintf(stderr, "%s: round trip of %" PRIu64 " bytes at offset %" PRIu64 " differs\n",
-                d->name, n, off);
+                FERRY__DP(d).name, n, off);
     CHECK(same);
     CHECK(all_bytes(dst, 32, 0x3C) && all_bytes(dst + 32 + n, 32, 0x3C));
     /* the synchronous read agrees */
@@ -361,7 +361,7 @@ static void conform_events(ferry_device *d)
     CHECK_EQ_INT(d->ops->event_record(d, ev, NULL), 0);
     CHECK_EQ_INT(d->ops->event_wait(d, ev, NULL), 0);
     CHECK_EQ_INT(d->ops->event_query(d, ev), 1);
-    if (strcmp(d->kind, "sim") == 0) {
+    if (strcmp(FERRY__DP(d).kind, "sim") == 0) {
         ferry__sim_stats st;
         CHECK_EQ_INT(ferry__sim_get_stats(d, &st), 0);
         CHECK_EQ_INT(st.copies_pending, 0); /* the record came after the copy */
@@ -386,7 +386,7 @@ static void run_conformance(ferry_device *d, const char *spec)
     conform_host_alloc(d);
     conform_threads(d);
     conform_events(d);
-    if (strcmp(d->kind, "sim") == 0) {
+    if (strcmp(FERRY__DP(d).kind, "sim") == 0) {
         ferry__sim_stats st;
         CHECK_EQ_INT(ferry__sim_get_stats(d, &st), 0);
         CHECK_EQ_INT(st.live_allocs, 0); /* everything the suite allocated was freed */
@@ -404,9 +404,9 @@ static void sim_poison_and_ranges(void)
     ferry_device *d = open_ok("sim:64MiB");
     if (!d)
         return;
-    CHECK_EQ_INT(d->host_accessible, 0);
-    CHECK_EQ_INT(d->alignment, FERRY__SIM_DEFAULT_ALIGN);
-    CHECK_EQ_INT(d->max_alloc, 64 * MiB);
+    CHECK_EQ_INT(FERRY__DP(d).host_accessible, 0);
+    CHECK_EQ_INT(FERRY__DP(d).alignment, FERRY__SIM_DEFAULT_ALIGN);
+    CHECK_EQ_INT(FERRY__DP(d).max_alloc, 64 * MiB);
 
     void *p = NULL, *q = NULL;
     unsigned char buf[8192];
@@ -550,8 +550,8 @@ static void sim_options(void)
     ferry_device *d = open_ok("sim:64MiB,max_alloc=1MiB,align=4096");
     if (d) {
         void *p, *q;
-        CHECK_EQ_INT(d->alignment, 4096);
-        CHECK_EQ_INT(d->max_alloc, MiB);
+        CHECK_EQ_INT(FERRY__DP(d).alignment, 4096);
+        CHECK_EQ_INT(FERRY__DP(d).max_alloc, MiB);
         CHECK_EQ_INT(d->ops->alloc(d, MiB, &p), 0);
         CHECK_EQ_INT(d->ops->alloc(d, MiB + 1, &q), FERRY_ENOMEM);
         CHECK(strstr(msg(d), "max_alloc") != NULL);
@@ -571,9 +571,9 @@ static void sim_options(void)
         CHECK_EQ_INT(d->ops->mem_info(d, &fr, &tot), 0);
         CHECK_EQ_INT(tot, UINT64_C(8) << 30);
         CHECK_EQ_INT(fr, tot);
-        CHECK_EQ_INT(d->max_alloc, UINT64_C(1) << 30);
-        CHECK_EQ_INT(d->alignment, 4096);
-        CHECK_STR(d->kind, "sim");
+        CHECK_EQ_INT(FERRY__DP(d).max_alloc, UINT64_C(1) << 30);
+        CHECK_EQ_INT(FERRY__DP(d).alignment, 4096);
+        CHECK_STR(FERRY__DP(d).kind, "sim");
         ferry_device_close(d);
     }
     static const char *ok_specs[] = {"sim", "sim@1GB/s", "sim:1.5GiB", "sim:512MB@800MiB/s",
@@ -581,7 +581,7 @@ static void sim_options(void)
     for (size_t i = 0; i < FERRY__ARRAY_LEN(ok_specs); i++) {
         d = open_ok(ok_specs[i]);
         if (d) {
-            CHECK_STR(d->name, ok_specs[i]);
+            CHECK_STR(FERRY__DP(d).name, ok_specs[i]);
             ferry_device_close(d);
         }
     }
@@ -897,7 +897,7 @@ static void bad_specs(void)
     /* a long spec is accepted; its name is cut to fit */
     d = open_ok("sim:64MiB,poison=1,poison=1,poison=1,poison=1,poison=1,poison=1,poison=1");
     if (d) {
-        CHECK(strlen(d->name) == sizeof d->name - 1);
+        CHECK(strlen(FERRY__DP(d).name) == sizeof FERRY__DP(d).name - 1);
         ferry_device_close(d);
     }
     ferry_device_close(NULL); /* a no-op */

@@ -22,7 +22,7 @@ static void *fetch(ferry *f, ferry_tensor *t)
         return NULL;
     void *out = malloc(n ? n : 1);
     ferry_device *d = f->devs[t->comp.dev].d;
-    if (d->host_accessible)
+    if (f->devs[t->comp.dev].p.host_accessible)
         memcpy(out, p, n);
     else if (ferry__device_read(d, out, p, n) != 0)
         return free(out), NULL;

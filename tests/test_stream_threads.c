@@ -172,7 +172,7 @@ static void test_async_failure(void)
     ferry_destroy(f);
 }
 
-/* Event members of a version 1 table are never read. */
+/* Event members past the end of a table (its size) are never read. */
 static int g_v1_called;
 static int v1_create(ferry_device *d, void **ev)
 {
@@ -202,8 +202,8 @@ static void test_cpu_and_v1(void)
     CHECK_EQ_INT(ferry_device_open("sim:16MiB", &sim, msg, sizeof msg), 0);
     static ferry_device_ops v1;
     v1 = *sim->ops;
-    v1.version = 1;
-    v1.event_create = v1_create; /* past the end of a version 1 table: never read */
+    v1.size = offsetof(ferry_device_ops, event_create); /* a table that ends before the events */
+    v1.event_create = v1_create; /* past its end: never read */
     sim->ops = &v1;
     int dev = -1;
     CHECK_EQ_INT(ferry_add_device_custom(f, sim, &dev), 0);
@@ -219,6 +219,8 @@ static void test_cpu_and_v1(void)
     CHECK_EQ_INT(ferry_device_open("sim:16MiB", &bad, msg, sizeof msg), 0);
     const ferry_device_ops *real = bad->ops;
     bad->ops = &v0;
+    CHECK_EQ_INT(ferry_add_device_custom(f, bad, NULL), FERRY_EINVAL);
+    v0.version = 2; /* the layout before version 3 */
     CHECK_EQ_INT(ferry_add_device_custom(f, bad, NULL), FERRY_EINVAL);
     bad->ops = real;
     ferry_device_close(bad);

@@ -177,6 +177,7 @@ typedef struct ferry__pool_buf {
 
 typedef struct ferry__dev {
     ferry_device *d;
+    ferry_device_props p;     /* D's properties, read once when it was added */
     uint64_t budget;          /* 0: unlimited */
     uint64_t used;            /* live + in flight + pooled + reserved */
     uint64_t reserved;        /* the engine's own memory (ferry_reserve), counted in used */

@@ -30,6 +30,8 @@ ferry__xfer_env ferry__xfer_env_of(ferry *f, int dev)
 {
     return (ferry__xfer_env){.io = f->io,
                              .dev = dev >= 0 ? f->devs[dev].d : NULL,
+                             .dev_name = dev >= 0 ? f->devs[dev].p.name : NULL,
+                             .dev_host_accessible = dev >= 0 && f->devs[dev].p.host_accessible,
                              .bytes_read = &f->a_bytes_read,
                              .bytes_copied = &f->a_bytes_copied,
                              .trace = ferry__tracing(f) ? trace_span : NULL,
@@ -59,7 +61,8 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
     int rc = d->ops->alloc(d, c->mem.size, &p);
     char msg[256];
     if (rc)
-        return ferry__fail(e, rc, "%s: tensor '%s': cannot allocate %llu bytes: %s", d->name,
+        return ferry__fail(e, rc, "%s: tensor '%s': cannot allocate %llu bytes: %s",
+                           f->devs[c->dev].p.name,
                            t->info.name, (unsigned long long)c->mem.size,
                            ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;

@@ -35,7 +35,7 @@ enum {
 
 static inline int ferry__host_side(const ferry *f, int dev)
 {
-    return f->devs[dev].d->host_accessible;
+    return f->devs[dev].p.host_accessible;
 }
 
 static inline void ferry__add_stat(uint64_t *counter, uint64_t n)
@@ -49,6 +49,8 @@ static inline void ferry__add_stat(uint64_t *counter, uint64_t n)
 typedef struct ferry__xfer_env {
     ferry__io *io;                        /* the pool large reads go to */
     ferry_device *dev;                    /* the destination copy's device */
+    const char *dev_name;                 /* its name, for messages */
+    int dev_host_accessible;              /* its memory is the host's */
     uint64_t *bytes_read, *bytes_copied;  /* counters, added to atomically */
     /* NULL unless tracing: records a span named FMT with its %s replaced by ARG */
     void (*trace)(void *ud, const char *cat, double t0, double t1, const char *fmt,

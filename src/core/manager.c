@@ -44,6 +44,7 @@ static uint64_t host_default_budget(uint64_t held)
 static int check_capacity(ferry *f, int dev, uint64_t bytes)
 {
     ferry_device *d = f->devs[dev].d;
+    const char *dname = f->devs[dev].p.name;
     char b1[32], b2[32];
     if (dev == FERRY__HOST) {
         ferry__host_room r;
@@ -52,16 +53,17 @@ static int check_capacity(ferry *f, int dev, uint64_t bytes)
         if (r.cg_limit == r.total)
             return ferry__fail(&f->err, FERRY_EBUDGET,
                                "%s: a host budget of %s is above the memory cgroup's limit of %s",
-                               d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
+                               dname, ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
         return ferry__fail(&f->err, FERRY_EBUDGET,
-                           "%s: a host budget of %s is above the host's memory of %s", d->name,
+                           "%s: a host budget of %s is above the host's memory of %s", dname,
                            ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
     }
     uint64_t free_b = 0, total = 0;
-    if (!d->ops->mem_info || d->ops->mem_info(d, &free_b, &total) || !total || bytes <= total)
+    if (!FERRY_DEVICE_HAS(d->ops, mem_info) || d->ops->mem_info(d, &free_b, &total) || !total ||
+        bytes <= total)
         return 0;
     return ferry__fail(&f->err, FERRY_EBUDGET,
-                       "%s: a budget of %s is above the device's capacity of %s", d->name,
+                       "%s: a budget of %s is above the device's capacity of %s", dname,
                        ferry__fmt_size(bytes, b1), ferry__fmt_size(total, b2));
 }
 
@@ -89,6 +91,7 @@ ferry *ferry_create(const ferry_options *opt)
     if (!f->cat || ferry_device_open("cpu", &cpu, msg, sizeof msg) != 0)
         goto fail;
     f->devs[0].d = cpu;
+    ferry_device_props_get(cpu, &f->devs[0].p);
     f->n_devs = 1;
     if (f->opt.host_budget && check_capacity(f, FERRY__HOST, f->opt.host_budget))
         goto fail;
@@ -96,7 +99,7 @@ ferry *ferry_create(const ferry_options *opt)
     /* pool and huge pages only under a budget given: a default run most often loads its copies
      * once, and a pool would keep what it frees from the rest of the host */
     f->devs[0].default_budget = !f->opt.host_budget;
-    ferry__cpu_set_reuse(cpu, f->opt.host_budget != 0);
+    ferry__device_set_reuse(cpu, f->opt.host_budget != 0);
     f->evictor = ferry__evict_cyclic(&f->sched);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
@@ -183,8 +186,34 @@ const char *ferry_errmsg(const ferry *f)
     return f->err.msg;
 }
 
-static int add_device(ferry *f, ferry_device *d, int rc, const char *spec, const char *msg,
-                      int *id);
+/* Adds D (its table checked, its properties P read) to F. OWNED: D was opened here, so it is
+ * closed on failure; a caller's device stays the caller's (ferry_device.h's rule). */
+static int add_device(ferry *f, ferry_device *d, const ferry_device_props *p, int owned, int *id)
+{
+    pthread_mutex_lock(&f->lock);
+    int rc = 0;
+    if (f->n_devs >= FERRY_MAX_DEVICES) {
+        rc = ferry__fail(&f->err, FERRY_ELIMIT, "%s: at most %d devices", p->name,
+                         FERRY_MAX_DEVICES);
+    } else {
+        int n = f->n_devs;
+        f->devs[n].d = d;
+        f->devs[n].p = *p;
+        uint64_t free_b = 0, total = 0;
+        if (FERRY_DEVICE_HAS(d->ops, mem_info) && d->ops->mem_info(d, &free_b, &total) == 0)
+            f->devs[n].budget = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN
+                                                                  : free_b;
+        f->n_devs = n + 1;
+        if (id)
+            *id = n;
+        if (!p->host_accessible)
+            ferry__loaders_for_device(f);
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (rc && owned)
+        ferry_device_close(d);
+    return rc;
+}
 
 int ferry_add_device(ferry *f, const char *spec, int *id)
 {
@@ -193,41 +222,37 @@ int ferry_add_device(ferry *f, const char *spec, int *id)
     char msg[256] = "";
     ferry_device *d = NULL;
     int rc = ferry_device_open(spec, &d, msg, sizeof msg);
-    return add_device(f, d, rc, spec, msg, id);
+    if (rc)
+        return ferry__fail_lock(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    ferry_device_props p;
+    ferry_device_props_get(d, &p);
+    return add_device(f, d, &p, 1, id);
 }
 
 int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
 {
-    if (!f || !d || !d->ops || !d->ops->version || !d->ops->alloc || !d->ops->free ||
-        !d->ops->copy_h2d || !d->ops->wait)
+    if (!f)
         return FERRY_EINVAL;
-    return add_device(f, d, 0, d->name, "", id);
-}
-
-static int add_device(ferry *f, ferry_device *d, int rc, const char *spec, const char *msg,
-                      int *id)
-{
-    pthread_mutex_lock(&f->lock);
+    char msg[256];
+    int rc = ferry_device_check(d, msg, sizeof msg);
+    if (rc)
+        return ferry__fail_lock(f, rc, "ferry_add_device_custom: %s", msg);
+    ferry_device_props p;
+    rc = ferry_device_props_get(d, &p);
     if (rc) {
-        ferry__fail(&f->err, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
-    } else if (f->n_devs >= FERRY_MAX_DEVICES) {
-        ferry_device_close(d);
-        rc = ferry__fail(&f->err, FERRY_ELIMIT, "%s: at most %d devices", spec, FERRY_MAX_DEVICES);
-    } else {
-        int n = f->n_devs;
-        f->devs[n].d = d;
-        uint64_t free_b = 0, total = 0;
-        if (d->ops->mem_info && d->ops->mem_info(d, &free_b, &total) == 0)
-            f->devs[n].budget = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN
-                                                                  : free_b;
-        f->n_devs = n + 1;
-        if (id)
-            *id = n;
-        if (!d->host_accessible)
-            ferry__loaders_for_device(f);
+        char why[256];
+        return ferry__fail_lock(f, rc, "ferry_add_device_custom: the device's props failed: %s",
+                                ferry__device_errmsg(d, why, sizeof why)[0] ? why
+                                                                            : ferry_strerror(rc));
     }
-    pthread_mutex_unlock(&f->lock);
-    return rc;
+    if (!p.alignment || (p.alignment & (p.alignment - 1)))
+        return ferry__fail_lock(f, FERRY_EINVAL,
+                                "ferry_add_device_custom: %s: alignment %llu is not a power of two",
+                                p.name, (unsigned long long)p.alignment);
+    if (!p.max_alloc)
+        return ferry__fail_lock(f, FERRY_EINVAL,
+                                "ferry_add_device_custom: %s: max_alloc is 0", p.name);
+    return add_device(f, d, &p, 0, id);
 }
 
 int ferry_device_count(const ferry *f)
@@ -247,12 +272,12 @@ int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out)
     } else {
         ferry_device *d = f->devs[id].d;
         memset(out, 0, sizeof *out);
-        out->name = d->name;
-        out->kind = d->kind;
+        out->name = f->devs[id].p.name;
+        out->kind = f->devs[id].p.kind;
         out->budget = f->devs[id].budget;
         out->used_bytes = f->devs[id].used;
-        out->host_accessible = d->host_accessible;
-        if (d->ops->mem_info)
+        out->host_accessible = f->devs[id].p.host_accessible;
+        if (FERRY_DEVICE_HAS(d->ops, mem_info))
             d->ops->mem_info(d, &out->free_bytes, &out->total_bytes);
     }
     pthread_mutex_unlock(&m->lock);
@@ -275,16 +300,17 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
             rc = check_capacity(f, device, bytes);
         } else if (device == FERRY__HOST) {
             bytes = host_default_budget(f->devs[device].used);
-        } else if (d->ops->mem_info && d->ops->mem_info(d, &free_b, &total) == 0) {
+        } else if (FERRY_DEVICE_HAS(d->ops, mem_info) &&
+                   d->ops->mem_info(d, &free_b, &total) == 0) {
             free_b += f->devs[device].used; /* what ferry holds there is ferry's to budget */
             bytes = free_b > FERRY__DEVICE_MARGIN * 2 ? free_b - FERRY__DEVICE_MARGIN : free_b;
         }
     }
     if (!rc) {
         f->devs[device].budget = bytes;
-        /* pool and huge pages only under a host budget given (ferry__cpu_set_reuse: no-op off
-         * the cpu); a pool left from before is trimmed by the shrink below */
-        ferry__cpu_set_reuse(f->devs[device].d, given != 0);
+        /* pool and huge pages only under a host budget given (a no-op where
+         * the device has no set_reuse); a pool left from before is trimmed by the shrink below */
+        ferry__device_set_reuse(f->devs[device].d, given != 0);
         if (device == FERRY__HOST)
             f->devs[device].default_budget = !given;
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
@@ -336,7 +362,7 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
         ferry__fail(&f->err, rc,
                     "%s: cannot reserve %s for the engine: budget %s, %s in use (%s of it "
                     "reserved), nothing more evictable",
-                    D->d->name, ferry__fmt_size(bytes, b1), ferry__fmt_size(D->budget, b2),
+                    D->p.name, ferry__fmt_size(bytes, b1), ferry__fmt_size(D->budget, b2),
                     ferry__fmt_size(D->used, b3), ferry__fmt_size(D->reserved, b4));
     }
     pthread_mutex_unlock(&f->lock);

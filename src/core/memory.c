@@ -100,7 +100,7 @@ static int pool_put(ferry *f, int dev, void *base, uint64_t size)
     }
     uint64_t bsize = 0;
     uint32_t segs = 0;
-    if (!ferry__cpu_block(D->d, base, &bsize, &segs) || bsize != size)
+    if (!ferry__device_block(D->d, base, &bsize, &segs) || bsize != size)
         segs = 0;
     D->pool[D->n_pool++] = (ferry__pool_buf){.base = base, .size = size, .segs = segs};
     D->pooled += size;
@@ -324,13 +324,17 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         if (want)
             return 0; /* cannot happen: avail + room >= need */
     }
+    if (!ferry__device_has_reuse(D->d)) {
+        D->no_stitch = 1;
+        return 0;
+    }
     void *parts[STITCH_MAX_PARTS];
     for (size_t k = 0; k < n; k++)
         parts[k] = D->pool[pick[k]].base;
     void *base, *rest;
     uint64_t got, rest_size;
     int gone = 0;
-    int rc = ferry__cpu_stitch(D->d, parts, n, need, &base, &got, &rest, &rest_size, &gone);
+    int rc = D->d->ops->stitch(D->d, parts, n, need, &base, &got, &rest, &rest_size, &gone);
     if (rc == FERRY_EINVAL || rc == FERRY_EUNSUPPORTED) {
         D->no_stitch = 1; /* the pool goes on by size alone */
         return 0;
@@ -374,7 +378,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     out->base = NULL;
     out->size = 0;
     int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
-                 ferry__cpu_is(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
+                 ferry__device_has_reuse(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
     if (stitch)
         size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
     else if (use_pool && pool_take(f, dev, size, out))
@@ -403,7 +407,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
             char b1[32], b2[32], b3[32];
             return ferry__fail(&f->err, FERRY_EBUDGET,
                                "%s: budget %s%s: cannot fit %s more (%s held, nothing evictable)",
-                               D->d->name, ferry__fmt_size(D->budget, b1),
+                               D->p.name, ferry__fmt_size(D->budget, b1),
                                D->default_budget ? " (the default: what the host's RAM and memory "
                                                    "cgroup can give, less a margin)"
                                                  : "",
@@ -434,15 +438,15 @@ int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const
         snprintf(who, sizeof who, " (tensor '%.120s')", name);
     if (!kept)
         return ferry__fail(&f->err, FERRY_EBUDGET,
-                           "%s: %s%s do not fit in a budget of %s%s (%s short)", D->d->name,
+                           "%s: %s%s do not fit in a budget of %s%s (%s short)", D->p.name,
                            ferry__fmt_size(staged, b1), who, ferry__fmt_size(D->budget, b2), dflt,
                            ferry__fmt_size(need - D->budget, b3));
     if (!staged)
         return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
-                           "evicted), %s short", D->d->name, ferry__fmt_size(D->budget, b1), dflt,
+                           "evicted), %s short", D->p.name, ferry__fmt_size(D->budget, b1), dflt,
                            ferry__fmt_size(kept, b2), ferry__fmt_size(need - D->budget, b3));
     return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
-                       "evicted) + %s staged beside them%s = %s, %s short", D->d->name,
+                       "evicted) + %s staged beside them%s = %s, %s short", D->p.name,
                        ferry__fmt_size(D->budget, b1), dflt, ferry__fmt_size(kept, b2),
                        ferry__fmt_size(staged, b3), who, ferry__fmt_size(need, b4),
                        ferry__fmt_size(need - D->budget, b5));

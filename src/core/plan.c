@@ -19,7 +19,7 @@ static ferry_placement place(ferry *f, ferry_tensor *t, ferry_plan_totals *tot)
     p.compute_device = t->compute_dev;
     p.lazy = t->lazy;
     p.zero_copy = t->zero_copy;
-    int host_compute = f->devs[t->compute_dev].d->host_accessible;
+    int host_compute = f->devs[t->compute_dev].p.host_accessible;
     int converted = ferry__transformed(t);
     if (t->lazy) {
         tot->mapped_bytes += t->info.nbytes;
@@ -100,7 +100,7 @@ static int plan_locked(ferry *f, ferry_placement **pl_out, size_t *n_out, ferry_
         for (int k = 0; k < (t->n_parts ? t->n_parts : 1); k++) {
             ferry_tensor *u = t->n_parts ? t->parts[k] : t;
             ferry_placement p = place(f, u, tot);
-            int dev = f->devs[u->compute_dev].d->host_accessible ? FERRY__HOST : u->compute_dev;
+            int dev = f->devs[u->compute_dev].p.host_accessible ? FERRY__HOST : u->compute_dev;
             if (dev < FERRY_MAX_DEVICES && p.compute_bytes > pk->staged[dev]) {
                 pk->staged[dev] = p.compute_bytes;
                 pk->name[dev] = p.name;

@@ -90,7 +90,7 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     /* zero-copy: the home copy is the mapping. On the host without a transform the engine gets
      * that pointer; otherwise it is the pristine source the staged copy is made from. */
     ferry_home home = ferry__effective_home(f, t);
-    int staged = !f->devs[t->compute_dev].d->host_accessible || t->merge;
+    int staged = !f->devs[t->compute_dev].p.host_accessible || t->merge;
     t->zero_copy = !t->lazy && home == FERRY_HOME_HOST && (staged || !ferry__transformed(t)) &&
                    (p->load == FERRY_LOAD_MMAP || p->load == FERRY_LOAD_AUTO) && t->file->map;
     /* writable: the engine's copy is private; a staged copy already is, and its source may stay
@@ -128,7 +128,7 @@ ferry_home ferry__effective_home(const ferry *f, const ferry_tensor *t)
 {
     const ferry_policy *p = ferry__policy_of(f, t);
     int dev = ferry__compute_device_of(f, t);
-    int host_side = dev < 0 || dev >= f->n_devs || f->devs[dev].d->host_accessible;
+    int host_side = dev < 0 || dev >= f->n_devs || f->devs[dev].p.host_accessible;
     if (p->home == FERRY_HOME_DEVICE && host_side)
         return FERRY_HOME_HOST;
     return p->home;

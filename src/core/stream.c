@@ -42,7 +42,8 @@ int ferry_event_create(ferry *f, int device, ferry_event **out)
         if (rc) {
             char msg[256];
             free(ev);
-            return ferry__fail_lock(f, rc, "%s: cannot create an event: %s", d->name,
+            return ferry__fail_lock(f, rc, "%s: cannot create an event: %s",
+                                    f->devs[device].p.name,
                                     ferry__device_errmsg(d, msg, sizeof msg));
         }
     }
@@ -64,7 +65,7 @@ int ferry_event_record(ferry_event *ev, void *stream)
     int rc = d->ops->event_record(d, h, stream);
     if (rc) {
         char msg[256];
-        ferry__fail_lock(f, rc, "%s: cannot record an event: %s", d->name,
+        ferry__fail_lock(f, rc, "%s: cannot record an event: %s", f->devs[ev->dev].p.name,
                          ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
@@ -85,7 +86,7 @@ static int settle(ferry_event *ev)
     if (!rc)
         for (size_t i = 0; i < ev->nu; i++) {
             int d = ev->u[i]->comp.dev;
-            if (d >= 0 && d < f->n_devs && !f->devs[d].d->host_accessible &&
+            if (d >= 0 && d < f->n_devs && !f->devs[d].p.host_accessible &&
                 ferry__device_has_events(f->devs[d].d))
                 devs[d] = 1;
         }
@@ -132,7 +133,7 @@ int ferry_event_wait(ferry_event *ev, void *stream)
             rc = dv->ops->event_wait(dv, ev->h[d], NULL); /* a stream of another device */
         if (rc) {
             char msg[256];
-            ferry__fail_lock(f, rc, "%s: event wait failed: %s", dv->name,
+            ferry__fail_lock(f, rc, "%s: event wait failed: %s", f->devs[d].p.name,
                              ferry__device_errmsg(dv, msg, sizeof msg));
         }
     }

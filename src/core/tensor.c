@@ -106,14 +106,15 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     if (mapped) /* the mapping's bytes, read without touching it (ferry_tensor_read_file) */
         return ferry_tensor_read_file(f, t, off, n, dst);
     ferry_device *d = f->devs[dev].d;
-    if (d->host_accessible) {
+    if (f->devs[dev].p.host_accessible) {
         memcpy(dst, p + off, n);
         return 0;
     }
     int rc = ferry__device_read(d, dst, p + off, n);
     if (rc) {
         char msg[256];
-        ferry__fail_lock(f, rc, "%s: tensor '%s': read back failed: %s", d->name, t->info.name,
+        ferry__fail_lock(f, rc, "%s: tensor '%s': read back failed: %s", f->devs[dev].p.name,
+                         t->info.name,
                          ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;

@@ -114,11 +114,13 @@ static int ctx_alloc(ferry_device *pin, unsigned char **p, uint64_t bytes)
 
 /* Makes the buffers NEED asks for at least BYTES long, in pinned memory of DEV when the copies
  * go to a device that has it (DMA from pageable memory is slower and not asynchronous on CUDA). */
-static int ctx_buffers(ferry__loader_ctx *lc, int need, uint64_t bytes, ferry_device *dev)
+static int ctx_buffers(ferry__loader_ctx *lc, int need, uint64_t bytes, ferry_device *dev,
+                       int dev_host_accessible)
 {
     if (bytes < FERRY__XFER_CHUNK)
         bytes = FERRY__XFER_CHUNK;
-    ferry_device *pin = dev && !dev->host_accessible && dev->ops->host_alloc ? dev : NULL;
+    ferry_device *pin =
+        dev && !dev_host_accessible && FERRY_DEVICE_HAS(dev->ops, host_alloc) ? dev : NULL;
     if (lc->cap < bytes || (pin && lc->pinned != pin))
         ctx_release(lc);
     if (lc->cap < bytes)
@@ -192,7 +194,8 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
                     ferry_load mode, ferry__copy *dst, ferry__err *e)
 {
     ferry_device *d = env->dev;
-    int to_host = d->host_accessible;
+    const char *dname = env->dev_name;
+    int to_host = env->dev_host_accessible;
     ferry_dtype in = t->info.dtype, out = j->out_dtype;
     int merging = j->n_terms > 0;
     int converted = in != out;
@@ -220,12 +223,12 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
     int rc = ctx_buffers(lc, (src_host ? 0 : NEED_STAGE) |
                                  (!to_host && (converted || merging) ? NEED_CONV : 0) |
                                  (merging ? NEED_F32 : 0),
-                         need, d);
+                         need, d, to_host);
     if (rc) {
         char why[256] = "host memory";
         if (lc->pin_failed)
             ferry__device_errmsg(lc->pin_failed, why, sizeof why);
-        return ferry__fail(e, rc, "%s: tensor '%s': %s staging buffers (%s)", d->name,
+        return ferry__fail(e, rc, "%s: tensor '%s': %s staging buffers (%s)", dname,
                            t->info.name,
                            rc == FERRY_ENOMEM ? "out of memory for" : "cannot allocate", why);
     }
@@ -238,7 +241,7 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
         ferry_dtype_nbytes(out, el, &out_off);
         ferry_dtype_nbytes(out, ce, &out_len);
         if (!to_host && (rc = wait_slot(d, lc, slot)) != 0) {
-            ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", d->name,
+            ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", dname,
                         t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
             break;
         }
@@ -278,7 +281,7 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
         if (!to_host) {
             rc = d->ops->copy_h2d(d, dptr + out_off, src, out_len, &lc->ticket[slot]);
             if (rc) {
-                ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", d->name,
+                ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", dname,
                             t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
                 break;
             }
@@ -290,7 +293,7 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
     for (int s = 0; s < 2; s++) {
         int wrc = to_host ? 0 : wait_slot(d, lc, s);
         if (wrc && !rc)
-            rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", d->name,
+            rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", dname,
                              t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;

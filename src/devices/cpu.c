@@ -43,7 +43,7 @@ typedef struct cpu_block {
 } cpu_block;
 
 typedef struct cpu_device {
-    ferry_device base;  /* first: a cpu_device * is a ferry_device * */
+    ferry__devbase base;  /* first: a cpu_device * is a ferry_device * */
     _Atomic uint64_t last_ticket; /* tickets issued so far; ticket T is valid when 1 <= T <= this */
     pthread_mutex_t lock;         /* guards blocks, cap, n */
     cpu_block *blocks;
@@ -183,10 +183,10 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
 {
     char a[32];
     *ptr = NULL;
-    if (size > d->max_alloc)
+    if (size > FERRY__DP(d).max_alloc)
         return ferry__device_fail(d, FERRY_ENOMEM,
                                   "%s: allocation of %" PRIu64 " bytes exceeds max_alloc %" PRIu64,
-                                  d->name, size, d->max_alloc);
+                                  FERRY__DP(d).name, size, FERRY__DP(d).max_alloc);
     cpu_device *c = (cpu_device *)d;
     void *p = NULL;
     if (size >= CPU_MMAP_MIN && size <= SIZE_MAX - CPU_ALIGN) {
@@ -210,7 +210,7 @@ static int cpu_alloc(ferry_device *d, uint64_t size, void **ptr)
     }
     if (!p)
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: out of host memory allocating %s",
-                                  d->name, ferry__fmt_size(size, a));
+                                  FERRY__DP(d).name, ferry__fmt_size(size, a));
     *ptr = p;
     return 0;
 }
@@ -237,10 +237,10 @@ static int cpu_copy(ferry_device *d, void *dst, const void *src, uint64_t n, uin
 {
     if (n && (!dst || !src))
         return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes with a NULL pointer",
-                                  d->name, what, n);
+                                  FERRY__DP(d).name, what, n);
     if (n > SIZE_MAX)
         return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes is too large",
-                                  d->name, what, n);
+                                  FERRY__DP(d).name, what, n);
     if (n)
         memmove(dst, src, (size_t)n);
     if (ticket)
@@ -264,7 +264,7 @@ static int cpu_wait(ferry_device *d, uint64_t ticket)
     if (ticket == 0 || ticket > last)
         return ferry__device_fail(d, FERRY_EINVAL,
                                   "%s: wait on ticket %" PRIu64 ", which was never issued (last %" PRIu64 ")",
-                                  d->name, ticket, last);
+                                  FERRY__DP(d).name, ticket, last);
     return 0;
 }
 
@@ -279,7 +279,7 @@ static int cpu_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_b
     uint64_t a, t;
     if (ferry__host_mem_info(&a, &t))
         return ferry__device_fail(d, FERRY_EUNSUPPORTED, "%s: cannot read the host's memory size",
-                                  d->name);
+                                  FERRY__DP(d).name);
     if (free_bytes)
         *free_bytes = a;
     if (total_bytes)
@@ -328,6 +328,9 @@ static int cpu_event_query(ferry_device *d, void *ev)
 
 static const ferry_device_ops cpu_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
+    .size = sizeof(ferry_device_ops),
+    .props = ferry__device_props_op,
+    .errmsg = ferry__device_errmsg_op,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -344,6 +347,9 @@ static const ferry_device_ops cpu_ops = {
     .event_record = cpu_event_record,
     .event_wait = cpu_event_wait,
     .event_query = cpu_event_query,
+    .set_reuse = ferry__cpu_set_reuse,
+    .block = ferry__cpu_block,
+    .stitch = ferry__cpu_stitch,
 };
 
 int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errlen)
@@ -357,7 +363,7 @@ int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errl
     ferry__device_init(&c->base, &cpu_ops, spec, "cpu", CPU_ALIGN, CPU_MAX_ALLOC, 1);
     pthread_mutex_init(&c->lock, NULL);
     atomic_init(&c->last_ticket, 0);
-    *out = &c->base;
+    *out = &c->base.pub;
     return 0;
 }
 

@@ -144,7 +144,7 @@ typedef struct cuda_pending {
 } cuda_pending;
 
 typedef struct cuda_device {
-    ferry_device base; /* first: a cuda_device * is a ferry_device * */
+    ferry__devbase base; /* first: a cuda_device * is a ferry_device * */
     int ordinal;
     void *stream;
     /* Held while a copy and its event are put on the stream, so that tickets follow the stream's
@@ -189,10 +189,10 @@ static int cuda_alloc(ferry_device *d, uint64_t size, void **ptr)
 {
     cuda_device *c = (cuda_device *)d;
     *ptr = NULL;
-    if (size > d->max_alloc)
+    if (size > FERRY__DP(d).max_alloc)
         return ferry__device_fail(d, FERRY_ENOMEM,
                                   "%s: allocation of %" PRIu64 " bytes exceeds max_alloc %" PRIu64,
-                                  d->name, size, d->max_alloc);
+                                  FERRY__DP(d).name, size, FERRY__DP(d).max_alloc);
     cuda_err e = set_dev(c);
     void *p = NULL;
     if (!e)
@@ -201,7 +201,7 @@ static int cuda_alloc(ferry_device *d, uint64_t size, void **ptr)
         rt.GetLastError(); /* clear it, so later calls do not report it */
         char a[32];
         return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
-                                  "%s: cudaMalloc of %s failed: %s", d->name,
+                                  "%s: cudaMalloc of %s failed: %s", FERRY__DP(d).name,
                                   ferry__fmt_size(size, a), cuda_str(e));
     }
     *ptr = p;
@@ -217,7 +217,7 @@ static void cuda_free(ferry_device *d, void *ptr)
     if (!e)
         e = rt.Free(ptr);
     if (e)
-        ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaFree(%p) failed: %s", d->name, ptr,
+        ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaFree(%p) failed: %s", FERRY__DP(d).name, ptr,
                            cuda_str(e));
 }
 
@@ -228,10 +228,10 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
     const char *what = kind == CUDA_MEMCPY_H2D ? "copy_h2d" : "copy_d2h";
     if (n && (!dst || !src))
         return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes with a NULL pointer",
-                                  d->name, what, n);
+                                  FERRY__DP(d).name, what, n);
     cuda_err e = set_dev(c);
     if (e)
-        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaSetDevice: %s", d->name, cuda_str(e));
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaSetDevice: %s", FERRY__DP(d).name, cuda_str(e));
 
     pthread_mutex_lock(&c->submit);
     pthread_mutex_lock(&c->lock);
@@ -243,7 +243,7 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
         if (!np) {
             pthread_mutex_unlock(&c->lock);
             pthread_mutex_unlock(&c->submit);
-            return ferry__device_fail(d, FERRY_ENOMEM, "%s: %s: out of memory", d->name, what);
+            return ferry__device_fail(d, FERRY_ENOMEM, "%s: %s: out of memory", FERRY__DP(d).name, what);
         }
         c->pending = np;
         c->cap_pending = cap;
@@ -285,7 +285,7 @@ static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint
         int code = queued || (e != CUDA_ERR_INVALID_VALUE && e != CUDA_ERR_MEMCPY_DIRECTION)
                        ? FERRY_EDEVICE : FERRY_EINVAL;
         return ferry__device_fail(d, code, "%s: %s of %" PRIu64 " bytes: %s failed: %s",
-                                  d->name, what, n, call, cuda_str(e));
+                                  FERRY__DP(d).name, what, n, call, cuda_str(e));
     }
     pthread_mutex_lock(&c->lock);
     uint64_t t = ++c->last_ticket;
@@ -324,7 +324,7 @@ static int cuda_wait(ferry_device *d, uint64_t ticket)
         return ferry__device_fail(d, FERRY_EINVAL,
                                   "%s: wait on ticket %" PRIu64 ", which is not in flight "
                                   "(never issued or already waited on; last %" PRIu64 ")",
-                                  d->name, ticket, last);
+                                  FERRY__DP(d).name, ticket, last);
     cuda_err e = set_dev(c);
     if (!e)
         e = rt.EventSynchronize(ev);
@@ -349,7 +349,7 @@ static int cuda_wait(ferry_device *d, uint64_t ticket)
     if (e) {
         rt.GetLastError();
         return ferry__device_fail(d, FERRY_EDEVICE, "%s: copy ticket %" PRIu64 " failed: %s",
-                                  d->name, ticket, cuda_str(e));
+                                  FERRY__DP(d).name, ticket, cuda_str(e));
     }
     return 0;
 }
@@ -363,7 +363,7 @@ static int cuda_synchronize(ferry_device *d)
     if (e) {
         rt.GetLastError();
         return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaStreamSynchronize failed: %s",
-                                  d->name, cuda_str(e));
+                                  FERRY__DP(d).name, cuda_str(e));
     }
     return 0;
 }
@@ -377,7 +377,7 @@ static int cuda_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_
         e = rt.MemGetInfo(&fr, &tot);
     if (e) {
         rt.GetLastError();
-        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaMemGetInfo failed: %s", d->name,
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaMemGetInfo failed: %s", FERRY__DP(d).name,
                                   cuda_str(e));
     }
     if (free_bytes)
@@ -423,7 +423,7 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
     *ptr = NULL;
     if (size > SIZE_MAX)
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation of %" PRIu64
-                                  " bytes is too large", d->name, size);
+                                  " bytes is too large", FERRY__DP(d).name, size);
     uint64_t need = size ? size : 1;
     pthread_mutex_lock(&pin_lock);
     size_t best = SIZE_MAX;
@@ -444,7 +444,7 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
     if (!room) {
         pthread_mutex_unlock(&pin_lock);
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation: out of memory",
-                                  d->name);
+                                  FERRY__DP(d).name);
     }
     if (best != SIZE_MAX) {
         pin_buf b = pin_cache[best];
@@ -466,7 +466,7 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
         /* a lost context (a sticky error from any earlier call) is the device's failure, not a
          * lack of memory */
         return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
-                                  "%s: cudaHostAlloc of %s failed: %s", d->name,
+                                  "%s: cudaHostAlloc of %s failed: %s", FERRY__DP(d).name,
                                   ferry__fmt_size(size, a), cuda_str(e));
     }
     pthread_mutex_lock(&pin_lock);
@@ -478,7 +478,7 @@ static int cuda_host_alloc(ferry_device *d, uint64_t size, void **ptr)
         if (rt.FreeHost(p))
             rt.GetLastError();
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: pinned allocation: out of memory",
-                                  d->name);
+                                  FERRY__DP(d).name);
     }
     *ptr = p;
     return 0;
@@ -507,7 +507,7 @@ static void cuda_host_free(ferry_device *d, void *ptr)
     cuda_err e = cached ? 0 : rt.FreeHost(ptr);
     if (e) {
         rt.GetLastError();
-        ferry__device_fail(d, FERRY_EINVAL, "%s: cudaFreeHost(%p) failed: %s", d->name, ptr,
+        ferry__device_fail(d, FERRY_EINVAL, "%s: cudaFreeHost(%p) failed: %s", FERRY__DP(d).name, ptr,
                            cuda_str(e));
     }
 }
@@ -545,7 +545,7 @@ static int cuda_event_create(ferry_device *d, void **ev)
     if (e) {
         rt.GetLastError();
         return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
-                                  "%s: cudaEventCreateWithFlags failed: %s", d->name, cuda_str(e));
+                                  "%s: cudaEventCreateWithFlags failed: %s", FERRY__DP(d).name, cuda_str(e));
     }
     return 0;
 }
@@ -575,7 +575,7 @@ static int cuda_event_record(ferry_device *d, void *ev, void *stream)
     if (e) {
         rt.GetLastError();
         return ferry__device_fail(d, e == CUDA_ERR_INVALID_VALUE ? FERRY_EINVAL : FERRY_EDEVICE,
-                                  "%s: cudaEventRecord failed: %s", d->name, cuda_str(e));
+                                  "%s: cudaEventRecord failed: %s", FERRY__DP(d).name, cuda_str(e));
     }
     return 0;
 }
@@ -593,7 +593,7 @@ static int cuda_event_wait(ferry_device *d, void *ev, void *stream)
     }
     if (e) {
         rt.GetLastError();
-        return ferry__device_fail(d, FERRY_EDEVICE, "%s: %s failed: %s", d->name, call,
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: %s failed: %s", FERRY__DP(d).name, call,
                                   cuda_str(e));
     }
     return 0;
@@ -609,7 +609,7 @@ static int cuda_event_query(ferry_device *d, void *ev)
         return 0;
     if (e) {
         rt.GetLastError();
-        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaEventQuery failed: %s", d->name,
+        return ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaEventQuery failed: %s", FERRY__DP(d).name,
                                   cuda_str(e));
     }
     return 1;
@@ -617,6 +617,9 @@ static int cuda_event_query(ferry_device *d, void *ev)
 
 static const ferry_device_ops cuda_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
+    .size = sizeof(ferry_device_ops),
+    .props = ferry__device_props_op,
+    .errmsg = ferry__device_errmsg_op,
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -680,7 +683,7 @@ int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *er
     pthread_mutex_init(&c->lock, NULL);
     ferry__device_init(&c->base, &cuda_ops, spec, "cuda", CUDA_ALIGN, (uint64_t)tot, 0);
     pin_track_open(+1);
-    *out = &c->base;
+    *out = &c->base.pub;
     return 0;
 #undef FAIL
 }

@@ -10,29 +10,39 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Guards every device's errmsg: writers (failing operations on any thread) and
- * ferry__device_errmsg readers. Failures are rare, so one lock for all devices is enough. */
-static pthread_mutex_t errmsg_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The calling thread's latest device failure: which device, and the message. */
+static _Thread_local const ferry_device *fail_dev;
+static _Thread_local char fail_msg[256];
 
 int ferry__device_fail(ferry_device *d, int code, const char *fmt, ...)
 {
     if (!d)
         return code;
-    char buf[sizeof d->errmsg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    vsnprintf(fail_msg, sizeof fail_msg, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&errmsg_lock);
-    memcpy(d->errmsg, buf, sizeof buf);
-    pthread_mutex_unlock(&errmsg_lock);
+    fail_dev = d;
     return code;
+}
+
+char *ferry__device_errmsg_op(ferry_device *d, char *buf, size_t len)
+{
+    if (buf && len)
+        snprintf(buf, len, "%s", d && fail_dev == d ? fail_msg : "");
+    return buf;
+}
+
+int ferry__device_props_op(ferry_device *d, ferry_device_props *out)
+{
+    *out = FERRY__DP(d);
+    return 0;
 }
 
 char *ferry__device_errmsg(const ferry_device *d, char *buf, size_t len)
@@ -40,39 +50,128 @@ char *ferry__device_errmsg(const ferry_device *d, char *buf, size_t len)
     if (!buf || !len)
         return buf;
     buf[0] = 0;
-    if (!d)
-        return buf;
-    pthread_mutex_lock(&errmsg_lock);
-    snprintf(buf, len, "%s", d->errmsg);
-    pthread_mutex_unlock(&errmsg_lock);
+    if (d && d->ops && FERRY_DEVICE_HAS(d->ops, errmsg)) {
+        d->ops->errmsg((ferry_device *)d, buf, len);
+        buf[len - 1] = 0;
+    }
     return buf;
 }
 
-void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char *spec,
+void ferry__device_init(ferry__devbase *d, const ferry_device_ops *ops, const char *spec,
                         const char *kind, uint64_t alignment, uint64_t max_alloc,
                         int host_accessible)
 {
-    d->ops = ops;
+    d->pub.ops = ops;
+    d->pub.user = d;
     /* The name is for people; a long spec is cut, never refused for its length. */
-    snprintf(d->name, sizeof d->name, "%s", spec);
-    snprintf(d->kind, sizeof d->kind, "%s", kind);
-    d->alignment = alignment;
-    d->max_alloc = max_alloc;
-    d->host_accessible = host_accessible;
-    d->errmsg[0] = 0;
+    snprintf(d->props.name, sizeof d->props.name, "%s", spec);
+    snprintf(d->props.kind, sizeof d->props.kind, "%s", kind);
+    d->props.alignment = alignment;
+    d->props.max_alloc = max_alloc;
+    d->props.host_accessible = host_accessible;
 }
 
 int ferry__device_has_events(const ferry_device *d)
 {
     const ferry_device_ops *o = d ? d->ops : NULL;
-    return o && o->version >= 2 && o->event_create && o->event_destroy && o->event_record &&
-           o->event_wait && o->event_query;
+    return o && FERRY_DEVICE_HAS(o, event_create) && FERRY_DEVICE_HAS(o, event_destroy) &&
+           FERRY_DEVICE_HAS(o, event_record) && FERRY_DEVICE_HAS(o, event_wait) &&
+           FERRY_DEVICE_HAS(o, event_query);
+}
+
+int ferry__device_has_reuse(const ferry_device *d)
+{
+    const ferry_device_ops *o = d ? d->ops : NULL;
+    return o && FERRY_DEVICE_HAS(o, set_reuse) && FERRY_DEVICE_HAS(o, block) &&
+           FERRY_DEVICE_HAS(o, stitch);
+}
+
+void ferry__device_set_reuse(ferry_device *d, int reuse)
+{
+    if (ferry__device_has_reuse(d))
+        d->ops->set_reuse(d, reuse);
+}
+
+int ferry__device_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments)
+{
+    return ferry__device_has_reuse(d) ? d->ops->block(d, p, size, segments) : 0;
+}
+
+/* ---- checking a table ------------------------------------------------------------------------ */
+
+static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+FERRY_API int ferry_device_check(const ferry_device *d, char *errmsg, size_t errlen)
+{
+    if (errmsg && errlen)
+        errmsg[0] = 0;
+    if (!d)
+        return seterr(errmsg, errlen, FERRY_EINVAL, "device is NULL");
+    const ferry_device_ops *o = d->ops;
+    if (!o)
+        return seterr(errmsg, errlen, FERRY_EINVAL, "device has no operation table");
+    if (o->version != FERRY_DEVICE_OPS_VERSION)
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table of version %u: this ferry knows version %d only "
+                      "(rebuild the device against this ferry_device.h)",
+                      (unsigned)o->version, FERRY_DEVICE_OPS_VERSION);
+    /* the required members come first and must lie inside the size; optional ones past it are
+     * read as NULL (FERRY_DEVICE_HAS) */
+    size_t need = offsetof(ferry_device_ops, wait) + sizeof o->wait;
+    if (o->size < need)
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table of %u bytes ends before its required members "
+                      "(%zu bytes)", (unsigned)o->size, need);
+    static const struct {
+        size_t off;
+        const char *name;
+    } required[] = {
+        {offsetof(ferry_device_ops, destroy), "destroy"},
+        {offsetof(ferry_device_ops, props), "props"},
+        {offsetof(ferry_device_ops, alloc), "alloc"},
+        {offsetof(ferry_device_ops, free), "free"},
+        {offsetof(ferry_device_ops, copy_h2d), "copy_h2d"},
+        {offsetof(ferry_device_ops, wait), "wait"},
+    };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        void *fn;
+        memcpy(&fn, (const char *)o + required[i].off, sizeof fn);
+        if (!fn)
+            return seterr(errmsg, errlen, FERRY_EINVAL,
+                          "device operation table: required member %s is NULL", required[i].name);
+    }
+    int ev = FERRY_DEVICE_HAS(o, event_create) + FERRY_DEVICE_HAS(o, event_destroy) +
+             FERRY_DEVICE_HAS(o, event_record) + FERRY_DEVICE_HAS(o, event_wait) +
+             FERRY_DEVICE_HAS(o, event_query);
+    if (ev != 0 && ev != 5)
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table: %d of the 5 event members set (all or none)", ev);
+    int ru = FERRY_DEVICE_HAS(o, set_reuse) + FERRY_DEVICE_HAS(o, block) +
+             FERRY_DEVICE_HAS(o, stitch);
+    if (ru != 0 && ru != 3)
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table: %d of set_reuse, block, stitch set (all or none)",
+                      ru);
+    if (FERRY_DEVICE_HAS(o, host_alloc) != FERRY_DEVICE_HAS(o, host_free))
+        return seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table: host_alloc and host_free go together");
+    return 0;
+}
+
+FERRY_API int ferry_device_props_get(ferry_device *d, ferry_device_props *out)
+{
+    if (!d || !d->ops || !d->ops->props || !out)
+        return FERRY_EINVAL;
+    memset(out, 0, sizeof *out);
+    int rc = d->ops->props(d, out);
+    out->name[sizeof out->name - 1] = 0;
+    out->kind[sizeof out->kind - 1] = 0;
+    return rc;
 }
 
 /* ---- spec parsing ------------------------------------------------------------------------------ */
 
-static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (err && errlen) {
@@ -253,6 +352,9 @@ FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errm
     if (strcmp(spec, "cpu") == 0)
         return ferry__cpu_open(spec, out, errmsg, errlen);
 
+    if (strncmp(spec, "fault:", 6) == 0)
+        return ferry__fault_open(spec, errmsg, errlen, out);
+
     if (strncmp(spec, "sim", 3) == 0 && strchr(":@,", spec[3])) {
         ferry__sim_config cfg;
         int rc = parse_sim(spec, spec + 3, &cfg, errmsg, errlen);
@@ -285,8 +387,10 @@ FERRY_API void ferry_device_close(ferry_device *d)
 
 int ferry__device_read(ferry_device *d, void *dst, const void *src, uint64_t n)
 {
-    if (d->ops->read_sync)
+    if (FERRY_DEVICE_HAS(d->ops, read_sync))
         return d->ops->read_sync(d, dst, src, n);
+    if (!FERRY_DEVICE_HAS(d->ops, copy_d2h))
+        return FERRY_EUNSUPPORTED;
     uint64_t t;
     int rc = d->ops->copy_d2h(d, dst, src, n, &t);
     return rc ? rc : d->ops->wait(d, t);
@@ -301,20 +405,15 @@ int ferry__device_write(ferry_device *d, void *dst, const void *src, uint64_t n)
 
 int ferry__device_host_alloc(ferry_device *d, uint64_t size, void **ptr)
 {
-    if (d->ops->host_alloc)
+    if (FERRY_DEVICE_HAS(d->ops, host_alloc))
         return d->ops->host_alloc(d, size, ptr);
     *ptr = ferry__host_aligned_alloc(size, 4096);
-    if (!*ptr) {
-        char b[32];
-        return ferry__device_fail(d, FERRY_ENOMEM, "%s: cannot allocate %s of host memory",
-                                  d->name, ferry__fmt_size(size, b));
-    }
-    return 0;
+    return *ptr ? 0 : FERRY_ENOMEM;
 }
 
 void ferry__device_host_free(ferry_device *d, void *ptr)
 {
-    if (d->ops->host_free)
+    if (FERRY_DEVICE_HAS(d->ops, host_free))
         d->ops->host_free(d, ptr);
     else
         ferry__host_free(ptr);

@@ -10,9 +10,9 @@
  *    never issued is FERRY_EINVAL;
  *  - synchronize returns 0 once every copy queued before the call is done; the status of each copy
  *    is still returned by its own wait;
- *  - d->errmsg is written under a process-wide lock (ferry__device_fail); read it with
- *    ferry__device_errmsg, which copies it under the same lock, when other threads may be failing
- *    operations on the same device concurrently.
+ *  - each embeds ferry__devbase first (its properties, filled once at open); a failing operation
+ *    records its message with ferry__device_fail in the calling thread's slot, which the errmsg
+ *    operation reads back, so threads failing at once never see each other's messages.
  */
 #ifndef FERRY_DEVICES_H
 #define FERRY_DEVICES_H
@@ -25,13 +25,26 @@
 
 /* ---- shared by the implementations ----------------------------------------------------------- */
 
-/* Sets D's errmsg (under the errmsg lock) to the printf-formatted message; returns CODE. */
+/* The first member of every in-tree device. */
+typedef struct ferry__devbase {
+    ferry_device pub; /* first: a ferry__devbase * is a ferry_device * */
+    ferry_device_props props;
+} ferry__devbase;
+
+/* The properties of in-tree device D. */
+#define FERRY__DP(d) (((ferry__devbase *)(d))->props)
+
+/* Records the printf-formatted message as the calling thread's latest failure on D; returns CODE. */
 int ferry__device_fail(ferry_device *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Copies D's errmsg into BUF (LEN bytes, NUL-terminated) under the errmsg lock; returns BUF. */
+/* The errmsg operation of every in-tree device: the calling thread's latest failure on D. */
+char *ferry__device_errmsg_op(ferry_device *d, char *buf, size_t len);
+/* The props operation of every in-tree device. */
+int ferry__device_props_op(ferry_device *d, ferry_device_props *out);
+/* Any device's latest failure on this thread (its errmsg op), or "" when it has none. */
 char *ferry__device_errmsg(const ferry_device *d, char *buf, size_t len);
-/* Fills the common fields of a freshly allocated device. */
-void ferry__device_init(ferry_device *d, const ferry_device_ops *ops, const char *spec,
+/* Fills the common fields of a freshly allocated in-tree device. */
+void ferry__device_init(ferry__devbase *d, const ferry_device_ops *ops, const char *spec,
                         const char *kind, uint64_t alignment, uint64_t max_alloc,
                         int host_accessible);
 
@@ -108,8 +121,18 @@ int ferry__device_write(ferry_device *d, void *dst, const void *src, uint64_t n)
 int ferry__device_host_alloc(ferry_device *d, uint64_t size, void **ptr);
 void ferry__device_host_free(ferry_device *d, void *ptr);
 
-/* 1 when D's table has the event members (version 2 or later, all five set). */
+/* 1 when D's table has the event members (all five set). */
 int ferry__device_has_events(const ferry_device *d);
+/* 1 when D's table has the page-reuse members (set_reuse, block, stitch). */
+int ferry__device_has_reuse(const ferry_device *d);
+/* D's set_reuse, when it has one. */
+void ferry__device_set_reuse(ferry_device *d, int reuse);
+/* D's block, or 0 when it has none. */
+int ferry__device_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments);
+
+/* The "fault:SPEC[,fail_alloc=N[/every]][,fail_copy=M[/every]]" wrapper (fault.c): opens SPEC
+ * and wraps it. */
+int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device **out);
 
 /* ---- host memory (hostmem.c) ----------------------------------------------------------------- */
 

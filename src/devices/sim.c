@@ -90,7 +90,7 @@ typedef struct sim_failed {
 } sim_failed;
 
 typedef struct sim_device {
-    ferry_device base; /* first: a sim_device * is a ferry_device * */
+    ferry__devbase base; /* first: a sim_device * is a ferry_device * */
     uint64_t capacity;
     int poison;
 
@@ -347,7 +347,7 @@ static int sim_alloc(ferry_device *d, uint64_t size, void **ptr)
     char a[32], b[32], c[32];
     *ptr = NULL;
     uint64_t want = size ? size : 1, charge;
-    int overflow = ferry__align_up(want, d->alignment, &charge);
+    int overflow = ferry__align_up(want, FERRY__DP(d).alignment, &charge);
 
     pthread_mutex_lock(&s->lock);
     s->st.alloc_calls++;
@@ -360,7 +360,7 @@ static int sim_alloc(ferry_device *d, uint64_t size, void **ptr)
             s->fa_nth = 0;
     }
     uint64_t used = s->st.used;
-    int too_big = size > d->max_alloc || overflow;
+    int too_big = size > FERRY__DP(d).max_alloc || overflow;
     int full = !too_big && charge > s->capacity - used;
     if (injected || too_big || full) {
         s->st.alloc_failures++;
@@ -370,15 +370,15 @@ static int sim_alloc(ferry_device *d, uint64_t size, void **ptr)
             return ferry__device_fail(d, FERRY_ENOMEM,
                                       "%s: allocation of %" PRIu64 " bytes failed: injected fault "
                                       "(allocation call %" PRIu64 ")",
-                                      d->name, size, calls);
+                                      FERRY__DP(d).name, size, calls);
         if (too_big)
             return ferry__device_fail(d, FERRY_ENOMEM,
                                       "%s: allocation of %" PRIu64 " bytes exceeds max_alloc %" PRIu64,
-                                      d->name, size, d->max_alloc);
+                                      FERRY__DP(d).name, size, FERRY__DP(d).max_alloc);
         return ferry__device_fail(d, FERRY_ENOMEM,
                                   "%s: out of device memory: requested %s (%" PRIu64 " bytes), "
                                   "used %s of %s",
-                                  d->name, ferry__fmt_size(charge, a), charge,
+                                  FERRY__DP(d).name, ferry__fmt_size(charge, a), charge,
                                   ferry__fmt_size(used, b), ferry__fmt_size(s->capacity, c));
     }
     /* Reserve the capacity now, so that concurrent allocations can never exceed it. */
@@ -388,7 +388,7 @@ static int sim_alloc(ferry_device *d, uint64_t size, void **ptr)
     pthread_mutex_unlock(&s->lock);
 
     sim_block *blk = malloc(sizeof *blk);
-    char *mem = blk ? ferry__host_aligned_alloc(want, d->alignment) : NULL;
+    char *mem = blk ? ferry__host_aligned_alloc(want, FERRY__DP(d).alignment) : NULL;
     if (mem && s->poison)
         memset(mem, FERRY__SIM_POISON, (size_t)want);
 
@@ -411,7 +411,7 @@ static int sim_alloc(ferry_device *d, uint64_t size, void **ptr)
         free(blk);
         return ferry__device_fail(d, FERRY_ENOMEM,
                                   "%s: host memory exhausted backing an allocation of %s",
-                                  d->name, ferry__fmt_size(size, a));
+                                  FERRY__DP(d).name, ferry__fmt_size(size, a));
     }
     *ptr = mem;
     return 0;
@@ -428,7 +428,7 @@ static void sim_free(ferry_device *d, void *ptr)
         s->st.misuse++;
         pthread_mutex_unlock(&s->lock);
         ferry__device_fail(d, FERRY_EINVAL, "%s: free of %p, which is not a live allocation",
-                           d->name, ptr);
+                           FERRY__DP(d).name, ptr);
         return;
     }
     int waited = 0;
@@ -448,7 +448,7 @@ static void sim_free(ferry_device *d, void *ptr)
     if (waited)
         ferry__device_fail(d, FERRY_EBUSY,
                            "%s: free of %p while a copy of it was in flight (waited for it)",
-                           d->name, ptr);
+                           FERRY__DP(d).name, ptr);
     ferry__host_free(b->base);
     free(b);
 }
@@ -496,15 +496,15 @@ static const char *kind_name(int kind)
 static int sim_copy(sim_device *s, int kind, void *dst, const void *src, uint64_t n,
                     uint64_t *ticket)
 {
-    ferry_device *d = &s->base;
+    ferry_device *d = &s->base.pub;
     const void *dev = kind == JOB_H2D ? dst : src;
     const void *host = kind == JOB_H2D ? src : dst;
     if (n && (!dst || !src))
         return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes with a NULL pointer",
-                                  d->name, kind_name(kind), n);
+                                  FERRY__DP(d).name, kind_name(kind), n);
     if (n > SIZE_MAX)
         return ferry__device_fail(d, FERRY_EINVAL, "%s: %s of %" PRIu64 " bytes is too large",
-                                  d->name, kind_name(kind), n);
+                                  FERRY__DP(d).name, kind_name(kind), n);
     sim_job j = {.dst = dst, .src = src, .n = n, .kind = kind, .enqueued_ns = now_ns()};
 
     pthread_mutex_lock(&s->lock);
@@ -516,13 +516,13 @@ static int sim_copy(sim_device *s, int kind, void *dst, const void *src, uint64_
             return ferry__device_fail(d, FERRY_EINVAL,
                                       "%s: %s: device range %p + %" PRIu64 " is not inside one "
                                       "live allocation",
-                                      d->name, kind_name(kind), dev, n);
+                                      FERRY__DP(d).name, kind_name(kind), dev, n);
         }
         if (overlaps_blocks(s, host, n)) {
             pthread_mutex_unlock(&s->lock);
             return ferry__device_fail(d, FERRY_EINVAL,
                                       "%s: %s: host range %p + %" PRIu64 " is device memory",
-                                      d->name, kind_name(kind), host, n);
+                                      FERRY__DP(d).name, kind_name(kind), host, n);
         }
     }
     j.blk = b;
@@ -546,7 +546,7 @@ static int sim_copy(sim_device *s, int kind, void *dst, const void *src, uint64_
     }
     pthread_mutex_unlock(&s->lock);
     if (rc)
-        return ferry__device_fail(d, rc, "%s: %s: out of memory queueing the copy", d->name,
+        return ferry__device_fail(d, rc, "%s: %s: out of memory queueing the copy", FERRY__DP(d).name,
                                   kind_name(kind));
     *ticket = j.ticket;
     return 0;
@@ -572,7 +572,7 @@ static int sim_wait(ferry_device *d, uint64_t ticket)
         return ferry__device_fail(d, FERRY_EINVAL,
                                   "%s: wait on ticket %" PRIu64 ", which was never issued "
                                   "(last %" PRIu64 ")",
-                                  d->name, ticket, last);
+                                  FERRY__DP(d).name, ticket, last);
     }
     while (s->done_ticket < ticket)
         pthread_cond_wait(&s->done_cv, &s->lock);
@@ -589,7 +589,7 @@ static int sim_wait(ferry_device *d, uint64_t ticket)
         return ferry__device_fail(d, f.status,
                                   "%s: %s ticket %" PRIu64 " (%" PRIu64 " bytes) failed: injected "
                                   "fault (fail_copy)",
-                                  d->name, kind_name(f.kind), ticket, f.n);
+                                  FERRY__DP(d).name, kind_name(f.kind), ticket, f.n);
     return 0;
 }
 
@@ -623,7 +623,7 @@ static int sim_host_alloc(ferry_device *d, uint64_t size, void **ptr)
     *ptr = ferry__host_aligned_alloc(size, 4096);
     if (!*ptr)
         return ferry__device_fail(d, FERRY_ENOMEM, "%s: cannot allocate %s of host memory",
-                                  d->name, ferry__fmt_size(size, a));
+                                  FERRY__DP(d).name, ferry__fmt_size(size, a));
     return 0;
 }
 
@@ -654,7 +654,7 @@ static sim_queue *queue_of(sim_device *s, void *stream)
 static int sim_event_create(ferry_device *d, void **ev)
 {
     *ev = calloc(1, sizeof(sim_event));
-    return *ev ? 0 : ferry__device_fail(d, FERRY_ENOMEM, "%s: out of memory for an event", d->name);
+    return *ev ? 0 : ferry__device_fail(d, FERRY_ENOMEM, "%s: out of memory for an event", FERRY__DP(d).name);
 }
 
 static void sim_event_destroy(ferry_device *d, void *ev)
@@ -686,7 +686,7 @@ static int sim_event_record(ferry_device *d, void *ev, void *stream)
     }
     pthread_mutex_unlock(&s->lock);
     if (rc)
-        return ferry__device_fail(d, rc, "%s: event record: %s", d->name,
+        return ferry__device_fail(d, rc, "%s: event record: %s", FERRY__DP(d).name,
                                   rc == FERRY_EINVAL ? "no such event or stream" : "out of memory");
     return 0;
 }
@@ -696,7 +696,7 @@ static int sim_event_wait(ferry_device *d, void *ev, void *stream)
     sim_device *s = (sim_device *)d;
     sim_event *e = ev;
     if (!e)
-        return ferry__device_fail(d, FERRY_EINVAL, "%s: event wait: no event", d->name);
+        return ferry__device_fail(d, FERRY_EINVAL, "%s: event wait: no event", FERRY__DP(d).name);
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     if (!stream) {
@@ -710,7 +710,7 @@ static int sim_event_wait(ferry_device *d, void *ev, void *stream)
     }
     pthread_mutex_unlock(&s->lock);
     if (rc)
-        return ferry__device_fail(d, rc, "%s: event wait: %s", d->name,
+        return ferry__device_fail(d, rc, "%s: event wait: %s", FERRY__DP(d).name,
                                   rc == FERRY_EINVAL ? "no such stream" : "out of memory");
     return 0;
 }
@@ -729,6 +729,9 @@ static int sim_event_query(ferry_device *d, void *ev)
 
 static const ferry_device_ops sim_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
+    .size = sizeof(ferry_device_ops),
+    .props = ferry__device_props_op,
+    .errmsg = ferry__device_errmsg_op,
     .destroy = sim_destroy,
     .alloc = sim_alloc,
     .free = sim_free,
@@ -780,7 +783,7 @@ int ferry__sim_open(const char *spec, const ferry__sim_config *cfg, ferry_device
             snprintf(err, errlen, "%s: cannot start the copy thread: %s", spec, strerror(e));
         return FERRY_EDEVICE;
     }
-    *out = &s->base;
+    *out = &s->base.pub;
     return 0;
 }
 
