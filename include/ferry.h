@@ -456,6 +456,12 @@ FERRY_API const char *ferry_errmsg(const ferry *f);
 /* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",
  * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id. */
 FERRY_API int ferry_add_device(ferry *f, const char *spec, int *id);
+/* Replaces device 0, the host, with the device opened from SPEC, which must be host-accessible:
+ * "cpu", or "fault:cpu,fail_alloc=N" to fail the host's N-th allocation (tests of an engine's
+ * error paths). Only on a fresh manager: before any file is opened, any other device added or
+ * anything held on the host (FERRY_EBUSY otherwise, the host unchanged). FERRY_EINVAL when SPEC
+ * is malformed or names a device the CPU cannot read. The host's budget stays. */
+FERRY_API int ferry_set_host_device(ferry *f, const char *spec);
 /* Number of devices, including the cpu. */
 FERRY_API int ferry_device_count(const ferry *f);
 typedef struct ferry_device_info {

@@ -229,6 +229,40 @@ int ferry_add_device(ferry *f, const char *spec, int *id)
     return add_device(f, d, &p, 1, id);
 }
 
+int ferry_set_host_device(ferry *f, const char *spec)
+{
+    if (!f || !spec)
+        return FERRY_EINVAL;
+    char msg[256] = "";
+    ferry_device *d = NULL;
+    int rc = ferry_device_open(spec, &d, msg, sizeof msg);
+    if (rc)
+        return ferry__fail_lock(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    ferry_device_props p;
+    ferry_device_props_get(d, &p);
+    if (!p.host_accessible) {
+        ferry_device_close(d);
+        return ferry__fail_lock(f, FERRY_EINVAL, "%s: the host device must be host-accessible",
+                                spec);
+    }
+    pthread_mutex_lock(&f->lock);
+    ferry__dev *H = &f->devs[FERRY__HOST];
+    ferry_device *old = NULL;
+    if (f->n_devs != 1 || ferry_catalog_count(f->cat) != 0 || H->used != 0 || H->n_pool != 0) {
+        rc = ferry__fail(&f->err, FERRY_EBUSY,
+                         "%s: the host device can only be replaced on a fresh manager (no file "
+                         "opened, no other device, nothing held)", spec);
+    } else {
+        old = H->d;
+        H->d = d;
+        H->p = p;
+        ferry__device_set_reuse(d, !H->default_budget);
+    }
+    pthread_mutex_unlock(&f->lock);
+    ferry_device_close(rc ? d : old);
+    return rc;
+}
+
 int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
 {
     if (!f)
