@@ -913,6 +913,35 @@ FERRY_API int ferry_trace_stop(ferry *f);
 /* The clock ferry's statistics and traces use: monotonic seconds. */
 FERRY_API double ferry_now(void);
 
+/* ---------------------------------------------------------------------------------------------
+ * Fault seams for tests (as SQLite's): the system calls of file reading and ferry's own
+ * allocations can be made to fail, to check that each failure is reported clearly and leaves the
+ * manager usable. Process-wide; not for production use.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Any function pointer; cast it to and from the signature of the call it stands for. */
+typedef void (*ferry_syscall_ptr)(void);
+/* Replaces system call NAME of ferry's file reading with FN (NULL: the system's again). The names
+ * and the signatures FN must have, as the system calls':
+ *   "open"   int (*)(const char *path, int flags)        (read-only opens: no mode)
+ *   "close"  int (*)(int fd)
+ *   "fstat"  int (*)(int fd, struct stat *st)
+ *   "pread"  ssize_t (*)(int fd, void *buf, size_t n, off_t off)
+ *   "mmap"   void *(*)(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+ *   "munmap" int (*)(void *addr, size_t len)
+ * A replacement sets errno as the system call would. It may be installed while other threads
+ * read; reads through io_uring (FERRY_IO_BACKEND=uring) do not go through "pread". Returns 0, or
+ * FERRY_ENOENT for an unknown NAME. */
+FERRY_API int ferry_set_syscall(const char *name, ferry_syscall_ptr fn);
+/* The function now behind NAME (the system's when none was set), for a replacement that wraps
+ * it; NULL for an unknown NAME. */
+FERRY_API ferry_syscall_ptr ferry_get_syscall(const char *name);
+/* From this call on, the N-th of ferry's own heap allocations (counted over the process, every
+ * thread) fails as if memory were exhausted; with PERSISTENT, every one after it too. N = 0: none
+ * fails. Returns how many were counted since the previous call, so a test can run a scenario once
+ * with N = 0 to learn its count and then fail each allocation in turn. */
+FERRY_API uint64_t ferry_fail_alloc(uint64_t n, int persistent);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,17 @@
 
 #include "io/io.h"
 
+#include <sys/stat.h>
+#include <sys/types.h>
+
+/* The system calls of file reading, through the table of iosys.c (ferry_set_syscall). */
+int ferry__sys_open(const char *path, int flags);
+int ferry__sys_close(int fd);
+int ferry__sys_fstat(int fd, struct stat *st);
+ssize_t ferry__sys_pread(int fd, void *buf, size_t n, off_t off);
+void *ferry__sys_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+int ferry__sys_munmap(void *addr, size_t len);
+
 /* AUTO copies a chunk from the mapping when at least this fraction of its pages is resident. */
 #define FERRY__IO_AUTO_CACHED 0.5
 

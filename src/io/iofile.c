@@ -73,26 +73,26 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
 
     /* O_NONBLOCK so that opening a FIFO by mistake cannot hang; it is cleared below and means
      * nothing for a regular file anyway. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = ferry__sys_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
         return ferry__fail(e, errno_code(err), "%s: cannot open: %s", path, strerror(err));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (ferry__sys_fstat(fd, &st) != 0) {
         int err = errno;
-        close(fd);
+        ferry__sys_close(fd);
         return ferry__fail(e, FERRY_EIO, "%s: cannot stat: %s", path, strerror(err));
     }
     if (!S_ISREG(st.st_mode)) {
-        close(fd);
+        ferry__sys_close(fd);
         return ferry__fail(e, FERRY_EFORMAT, "%s: is not a regular file", path);
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     if (st.st_size < 0 || (uint64_t)st.st_size > SIZE_MAX) {
-        close(fd);
+        ferry__sys_close(fd);
         return ferry__fail(e, FERRY_EOVERFLOW, "%s: size %lld cannot be mapped", path,
                            (long long)st.st_size);
     }
@@ -100,16 +100,16 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
 
     char *copy = ferry__strdup(path);
     if (!copy) {
-        close(fd);
+        ferry__sys_close(fd);
         return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
     }
 
     const unsigned char *map = NULL;
     if (size > 0) {
-        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *m = ferry__sys_mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int err = errno;
-            close(fd);
+            ferry__sys_close(fd);
             free(copy);
             return ferry__fail(e, err == ENOMEM ? FERRY_ENOMEM : FERRY_EIO,
                                "%s: cannot map %llu bytes: %s", path, (unsigned long long)size,
@@ -121,11 +121,11 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
     /* Opened by path a second time: a descriptor's O_DIRECT flag is shared by every dup of it.
      * EINVAL (tmpfs, some FUSE and overlay setups) means no direct I/O; reads fall back to the
      * buffered descriptor. A file replaced between the two opens is caught by comparing inodes. */
-    int fdd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+    int fdd = ferry__sys_open(path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
     if (fdd >= 0) {
         struct stat sd;
-        if (fstat(fdd, &sd) != 0 || sd.st_dev != st.st_dev || sd.st_ino != st.st_ino) {
-            close(fdd);
+        if (ferry__sys_fstat(fdd, &sd) != 0 || sd.st_dev != st.st_dev || sd.st_ino != st.st_ino) {
+            ferry__sys_close(fdd);
             fdd = -1;
         } else {
             fl = fcntl(fdd, F_GETFL);
@@ -163,7 +163,7 @@ int ferry__iofile_check(const ferry__iofile *f, int path_too, ferry__err *e)
     ferry__iofile *w = (ferry__iofile *)f; /* only the atomic fields are written */
     char what[384] = "", t[128];
     struct stat st;
-    if (fstat(f->fd, &st) == 0) {
+    if (ferry__sys_fstat(f->fd, &st) == 0) {
         if ((uint64_t)st.st_size != f->size) {
             snprintf(t, sizeof t, "size %llu -> %llu bytes", (unsigned long long)f->size,
                      (unsigned long long)st.st_size);
@@ -218,11 +218,11 @@ void ferry__iofile_close(ferry__iofile *f)
     if (f->map && f->guard_slot >= 0)
         ferry__guard_unregister(f->guard_slot);
     if (f->map)
-        munmap((void *)f->map, (size_t)f->size);
+        ferry__sys_munmap((void *)f->map, (size_t)f->size);
     if (f->fd >= 0)
-        close(f->fd);
+        ferry__sys_close(f->fd);
     if (f->fd_direct >= 0)
-        close(f->fd_direct);
+        ferry__sys_close(f->fd_direct);
     free(f->path);
     free(f->where);
     memset(f, 0, sizeof *f);

@@ -43,7 +43,7 @@ static int pread_full(const ferry__iofile *f, int fd, unsigned char *dst, uint64
 {
     while (len > 0) {
         size_t want = (size_t)FERRY__MIN(len, FERRY__IO_MAX_SYSCALL);
-        ssize_t n = pread(fd, dst, want, (off_t)off);
+        ssize_t n = ferry__sys_pread(fd, dst, want, (off_t)off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -76,7 +76,7 @@ static int direct_full(const ferry__iofile *f, unsigned char *dst, uint64_t len,
     uint64_t start = off;
     while (len > 0) {
         size_t want = (size_t)FERRY__MIN(len, FERRY__IO_MAX_SYSCALL);
-        ssize_t n = pread(f->fd_direct, dst, want, (off_t)off);
+        ssize_t n = ferry__sys_pread(f->fd_direct, dst, want, (off_t)off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -112,7 +112,7 @@ static int bounce_read(const ferry__iofile *f, uint64_t blk, uint64_t skip, uint
                        unsigned char *dst, unsigned char *bounce, ferry__err *e)
 {
     for (;;) {
-        ssize_t n = pread(f->fd_direct, bounce, FERRY__IO_ALIGN, (off_t)blk);
+        ssize_t n = ferry__sys_pread(f->fd_direct, bounce, FERRY__IO_ALIGN, (off_t)blk);
         if (n < 0 && errno == EINTR)
             continue;
         if (n >= 0 && (uint64_t)n >= skip + need) {

@@ -109,4 +109,23 @@ static inline uint64_t ferry__le64(const unsigned char *p)
 #define FERRY__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define FERRY__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* The allocation seam (alloc.c, ferry_fail_alloc): the library's own code allocates through
+ * these. Building the library (FERRY__ALLOC_SEAM), the C library's names are redirected to them,
+ * so that every call site is covered without naming the seam; the headers declaring the real
+ * ones are included first, so their declarations stay as they are. */
+void *ferry__malloc(size_t n);
+void *ferry__calloc(size_t n, size_t size);
+void *ferry__realloc(void *p, size_t n);
+int ferry__posix_memalign(void **p, size_t align, size_t n);
+void *ferry__aligned_alloc(size_t align, size_t n);
+#ifdef FERRY__ALLOC_SEAM
+#include <stdlib.h>
+#include <string.h>
+#define malloc(n) ferry__malloc(n)
+#define calloc(n, size) ferry__calloc(n, size)
+#define realloc(p, n) ferry__realloc(p, n)
+#define posix_memalign(p, align, n) ferry__posix_memalign(p, align, n)
+#define aligned_alloc(align, n) ferry__aligned_alloc(align, n)
+#endif
+
 #endif
