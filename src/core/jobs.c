@@ -488,8 +488,10 @@ static void *loader_main(void *arg)
             f->queue_tail = NULL;
         int fill = j->fill;
         int rc;
+        if (!e) /* refused at the loader's start: asked again, or this job fails, not all */
+            e = malloc(sizeof *e);
         if (f->closing || !e) {
-            rc = FERRY_ECANCELED;
+            rc = f->closing ? FERRY_ECANCELED : FERRY_ENOMEM;
             if (e)
                 ferry__fail(e, rc, "tensor '%s': load cancelled (closing)", j->t->info.name);
         } else {
