@@ -438,6 +438,49 @@ static void test_threads(void)
     ferry_destroy(f);
 }
 
+/* The built-in devices' errmsg: two threads failing different operations on one device at once
+ * each read their own message. */
+typedef struct failer {
+    ferry_device *d;
+    int kind; /* 0: allocations over max_alloc, 1: waits on tickets never issued */
+    int wrong;
+} failer;
+
+static void *fail_loop(void *arg)
+{
+    failer *w = arg;
+    char buf[256];
+    for (int i = 0; i < 2000; i++) {
+        void *p = NULL;
+        int rc = w->kind == 0 ? w->d->ops->alloc(w->d, UINT64_C(1) << 40, &p)
+                              : w->d->ops->wait(w->d, UINT64_C(1) << 40);
+        w->d->ops->errmsg(w->d, buf, sizeof buf);
+        const char *want = w->kind == 0 ? "exceeds max_alloc" : "never issued";
+        if (rc == 0 || !strstr(buf, want))
+            w->wrong++;
+    }
+    return NULL;
+}
+
+static void test_errmsg_per_thread(void)
+{
+    char msg[256];
+    ferry_device *d = NULL;
+    CHECK_EQ_INT(ferry_device_open("sim:64MiB", &d, msg, sizeof msg), 0);
+    if (!d)
+        return;
+    CHECK(FERRY_DEVICE_HAS(d->ops, errmsg));
+    failer w[2] = {{d, 0, 0}, {d, 1, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, fail_loop, &w[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    CHECK_EQ_INT(w[0].wrong, 0);
+    CHECK_EQ_INT(w[1].wrong, 0);
+    ferry_device_close(d);
+}
+
 int main(void)
 {
     const char *dir = check_tmpdir("device_abi");
@@ -454,6 +497,7 @@ int main(void)
     test_refused_tables();
     test_has_macro();
     test_threads();
+    test_errmsg_per_thread();
     check_rmdir(dir);
     return check_finish();
 }
