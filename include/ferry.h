@@ -454,7 +454,10 @@ FERRY_API void ferry_destroy(ferry *f);
 FERRY_API const char *ferry_errmsg(const ferry *f);
 
 /* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",
- * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id. */
+ * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id.
+ * "fault:SPEC,fail_alloc=N,fail_copy=M" wraps the device of SPEC and fails its N-th allocation
+ * and its M-th copy ("N/every": every N-th), for testing error paths on any device. On failure
+ * nothing is added and the device opened for it is closed. */
 FERRY_API int ferry_add_device(ferry *f, const char *spec, int *id);
 /* Replaces device 0, the host, with the device opened from SPEC, which must be host-accessible:
  * "cpu", or "fault:cpu,fail_alloc=N" to fail the host's N-th allocation (tests of an engine's
