@@ -173,6 +173,8 @@ static void seam(uint64_t nth, int persistent)
 
 /* Opens the model, prepares three tensors (host copies, read), checks their bytes, closes. With
  * an allocation failing at NTH. Returns the failures seen. */
+static const char *g_device; /* compute device of the scenario's tensors; NULL: the host */
+
 static int scenario(uint64_t nth, int persistent)
 {
     seam(nth, persistent);
@@ -189,6 +191,8 @@ static int scenario(uint64_t nth, int persistent)
     ferry_policy p = {0};
     p.load = FERRY_LOAD_READ;
     p.writable = 1;
+    if (g_device)
+        STEP(ferry_add_device(f, g_device, &p.compute_device));
     int rc = ferry_open(f, g_path, NULL);
     if (rc) {
         /* an open that ran out of memory half-way leaves its manager refusing further opens
@@ -203,6 +207,8 @@ static int scenario(uint64_t nth, int persistent)
         CHECK(f != NULL);
         if (!f)
             return fails;
+        if (g_device)
+            CHECK_EQ_INT(ferry_add_device(f, g_device, &p.compute_device), 0);
         CHECK_EQ_INT(ferry_open(f, g_path, NULL), 0);
     }
     STEP(ferry_group_add(f, "all", "*", &p));
@@ -226,8 +232,10 @@ static int scenario(uint64_t nth, int persistent)
     return fails;
 }
 
-static void test_allocations(void)
+static void test_allocations(const char *device)
 {
+    g_device = device;
+    printf("allocations, compute on %s\n", device ? device : "the host");
     seam(0, 0);
     g_counted = 0;
     CHECK_EQ_INT(scenario(0, 0), 0);
@@ -257,7 +265,12 @@ int main(void)
         return 1;
     }
     test_syscalls();
-    test_allocations();
+    test_allocations(NULL);
+    test_allocations("sim:64MiB");
+    if (getenv("FERRY_CUDART"))
+        test_allocations("cuda:0"); /* the fake runtime in the test suite */
+    else
+        printf("cuda: skipped (no FERRY_CUDART)\n");
     check_rmdir(dir);
     return check_finish();
 }
