@@ -409,37 +409,6 @@ static void deq_mxfp4(const uint8_t *p, float *y, uint64_t nb)
     }
 }
 
-int ferry__dtype_readable(ferry_dtype t)
-{
-    switch (t) {
-    case FERRY_DTYPE_F32: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_F64:
-    case FERRY_DTYPE_I8: case FERRY_DTYPE_I16: case FERRY_DTYPE_I32: case FERRY_DTYPE_I64:
-    case FERRY_DTYPE_U8: case FERRY_DTYPE_U16: case FERRY_DTYPE_U32: case FERRY_DTYPE_U64:
-    case FERRY_DTYPE_BOOL:
-    case FERRY_DTYPE_Q4_0: case FERRY_DTYPE_Q4_1: case FERRY_DTYPE_Q5_0: case FERRY_DTYPE_Q5_1:
-    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q8_1:
-    case FERRY_DTYPE_Q2_K: case FERRY_DTYPE_Q3_K: case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K:
-    case FERRY_DTYPE_Q6_K: case FERRY_DTYPE_Q8_K:
-    case FERRY_DTYPE_IQ4_NL: case FERRY_DTYPE_IQ4_XS: case FERRY_DTYPE_MXFP4:
-    case FERRY_DTYPE_F8_E4M3: case FERRY_DTYPE_F8_E5M2: case FERRY_DTYPE_F8_E8M0:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-int ferry__dtype_writable(ferry_dtype t)
-{
-    switch (t) {
-    case FERRY_DTYPE_F32: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_F64:
-    case FERRY_DTYPE_Q4_0: case FERRY_DTYPE_Q4_1: case FERRY_DTYPE_Q5_0: case FERRY_DTYPE_Q5_1:
-    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q8_1:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 int ferry__to_f32(ferry_dtype t, const void *in, float *out, uint64_t n)
 {
     if (!ferry__dtype_readable(t))

@@ -1,7 +1,8 @@
 /*
  * dtype.c — the type table: for every ferry_dtype its lower-case name, its safetensors spelling
  * (when safetensors has the type) and its block geometry (elements and bytes per block), plus the
- * lookups built on it (GGUF ids, safetensors strings, names, byte sizes).
+ * lookups built on it (GGUF ids, safetensors strings, names, byte sizes, which types ferry can read
+ * and write as numbers).
  *
  * Block geometry follows ggml's type table for GGUF types and the safetensors spec for the rest;
  * sub-byte safetensors types are described as small blocks (F4: 2 values in 1 byte, F6: 4 values
@@ -155,4 +156,35 @@ int ferry_dtype_nbytes(ferry_dtype t, uint64_t n, uint64_t *out)
     if (out)
         *out = bytes;
     return 0;
+}
+
+int ferry__dtype_readable(ferry_dtype t)
+{
+    switch (t) {
+    case FERRY_DTYPE_F32: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_F64:
+    case FERRY_DTYPE_I8: case FERRY_DTYPE_I16: case FERRY_DTYPE_I32: case FERRY_DTYPE_I64:
+    case FERRY_DTYPE_U8: case FERRY_DTYPE_U16: case FERRY_DTYPE_U32: case FERRY_DTYPE_U64:
+    case FERRY_DTYPE_BOOL:
+    case FERRY_DTYPE_Q4_0: case FERRY_DTYPE_Q4_1: case FERRY_DTYPE_Q5_0: case FERRY_DTYPE_Q5_1:
+    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q8_1:
+    case FERRY_DTYPE_Q2_K: case FERRY_DTYPE_Q3_K: case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K:
+    case FERRY_DTYPE_Q6_K: case FERRY_DTYPE_Q8_K:
+    case FERRY_DTYPE_IQ4_NL: case FERRY_DTYPE_IQ4_XS: case FERRY_DTYPE_MXFP4:
+    case FERRY_DTYPE_F8_E4M3: case FERRY_DTYPE_F8_E5M2: case FERRY_DTYPE_F8_E8M0:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int ferry__dtype_writable(ferry_dtype t)
+{
+    switch (t) {
+    case FERRY_DTYPE_F32: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_F64:
+    case FERRY_DTYPE_Q4_0: case FERRY_DTYPE_Q4_1: case FERRY_DTYPE_Q5_0: case FERRY_DTYPE_Q5_1:
+    case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q8_1:
+        return 1;
+    default:
+        return 0;
+    }
 }

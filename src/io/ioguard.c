@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/io_internal.h"
 
@@ -43,7 +44,7 @@ static struct sigaction previous; /* written before the handler is installed */
 int ferry__guard_register(const ferry__iofile *f)
 {
     if (!page_size)
-        page_size = (uintptr_t)ferry__io_page_size();
+        page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < GUARD_SLOTS; i++) {
         int expect = 0;
         if (!atomic_compare_exchange_strong(&slots[i].taken, &expect, 1))
@@ -143,7 +144,7 @@ static void on_sigbus(int sig, siginfo_t *info, void *uctx)
 int ferry_guard_sigbus(int on)
 {
     if (!page_size)
-        page_size = (uintptr_t)ferry__io_page_size();
+        page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
     int rc = 0;
     pthread_mutex_lock(&install_lock);
     if (on && !installed) {
