@@ -11,7 +11,7 @@
  * A ratio above 1.0 against a limit means the limit was measured wrong.
  *
  * What is measured (GB/s = 10^9 bytes of tensor data, or of file for the limits, per second):
- *   direct        limits_direct_read (tools/ferry/limits.c; drops the cache itself), best of
+ *   direct        limits_direct_read (tools/common/limits.c; drops the cache itself), best of
  *                 --readers
  *   first-touch   limits_fresh_memory_best of the file's size (best of 1 and 2 threads)
  *   ferry-direct  cold: ferry_create, ferry_open, ferry_group_add("*", home host, load DIRECT),

@@ -1,7 +1,7 @@
 /*
  * touch_probe.c — how fast fresh anonymous memory can be made usable on this machine, by the
  * ways a loader could get it: one thread writing a byte per page (what limits_fresh_memory in
- * tools/ferry/limits.c measures with one thread; the limit takes the best of 1 and 2), several
+ * tools/common/limits.c measures with one thread; the limit takes the best of 1 and 2), several
  * threads doing that on disjoint slices, MAP_POPULATE, MADV_HUGEPAGE before the
  * touches (transparent huge pages are "madvise" on these machines), and glibc malloc + memset.
  * Also a buffer reused after a first touch (what a pool gives) for comparison.

@@ -1,5 +1,5 @@
 /*
- * test_limits.c — the machine-limit probes of `ferry bench` and `ferry demo` (tools/ferry/
+ * test_limits.c — the machine-limit probes of `ferry bench` and `ferry demo` (tools/common/
  * limits.c, in ferry_tools): each returns a positive rate on a real file and memory, and
  * a negative error code on a missing file or a folder.
  */

@@ -6,7 +6,7 @@
  * metadata, PEFT's adapter_config.json, absent); hostile adapters refused with FERRY_ELORA and
  * names in the message; factors read back in every dtype and orientation; the merge against a
  * float64 reference on odd sizes and row chunks; and the synthetic adapter generator of
- * `ferry gen --lora` (tools/ferry/gen_lora.c, in ferry_tools), whose every adapter must map fully.
+ * `ferry gen --lora` (tools/common/gen_lora.c, in ferry_tools), whose every adapter must map fully.
  */
 #include <math.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * test_synth.c — the synthetic-model generator of `ferry gen` (tools/ferry/synth.c, in
+ * test_synth.c — the synthetic-model generator of `ferry gen` (tools/common/synth.c, in
  * ferry_tools): its AVX2 value generator gives exactly the floats of
  * the portable loop for every tensor kind, scale, length (tails of 1..15 past the 16-wide steps)
  * and chunk, and a whole model written either way is the same file. Without AVX2 both runs take

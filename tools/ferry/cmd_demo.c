@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "gen_lora.h"
 #include "layers.h"
 #include "limits.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "commands.h"
 
 #define SIM_EXAMPLE "sim:8GiB@25GB/s"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "gen_lora.h"
 #include "synth.h"
 

@@ -10,7 +10,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "llama.h"
 #include "runopts.h"
 #include "tokenizer.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "commands.h"
 
 static const char *HELP =
     "usage: ferry inspect FILE... [--json]\n"

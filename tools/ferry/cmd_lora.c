@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "runopts.h"
 
 static const char *HELP =

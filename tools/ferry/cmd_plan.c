@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "runopts.h"
 
 static const char *home_name(ferry_home h)

@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "commands.h"
 #include "layers.h"
 #include "runopts.h"
 

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "commands.h"
 
 static const cli_command commands[] = {
     {"inspect", cmd_inspect, "list a model's format, metadata and tensors (--json for scripts)"},

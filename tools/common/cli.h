@@ -1,9 +1,8 @@
 /*
- * cli.h — what the ferry command-line tool's commands share: exit codes, option parsing, numbers
- * and sizes from arguments, error printing, a JSON writer, a progress bar, and the synthetic model
- * generator that `gen` and `demo` use.
+ * cli.h — what the ferry tool's commands, the tests and bench/ share: exit codes, option parsing,
+ * numbers and sizes from arguments, error printing, a JSON writer and a progress bar.
  *
- * The tool includes only the public header ferry.h; nothing here reaches into src/.
+ * Like the tool, it includes only the public header ferry.h; nothing here reaches into src/.
  */
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H
@@ -16,23 +15,6 @@
 
 /* Exit statuses of every command. */
 enum { CLI_EXIT_OK = 0, CLI_EXIT_FAIL = 1, CLI_EXIT_USAGE = 2 };
-
-/* One command of the tool: `ferry NAME ARGS...` calls fn(argc, argv) with argv[0] = NAME. */
-typedef struct cli_command {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *summary; /* one line for `ferry --help` */
-} cli_command;
-
-int cmd_inspect(int argc, char **argv);
-int cmd_gen(int argc, char **argv);
-int cmd_demo(int argc, char **argv);
-int cmd_run(int argc, char **argv);
-int cmd_plan(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_devices(int argc, char **argv);
-int cmd_lora(int argc, char **argv);
-int cmd_generate(int argc, char **argv);
 
 /* ---- options ----------------------------------------------------------------------------- */
 
