@@ -46,7 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "commands.h"
+#include "cli.h"
 #include "layers.h"
 #include "limits.h"
 #include "runopts.h"
