@@ -1,0 +1,136 @@
+/*
+ * benchlab.h — the measuring protocol of `ferry bench`: ferry's loads and streamed passes over a
+ * model, each beside the machine's own limit (limits.h) measured in the same run, alternating
+ * limit and ferry runs, medians over runs, and each stream judged against its bound. The caller
+ * fills the options, then benchlab_open, benchlab_measure, reads the figures, benchlab_close.
+ * Uses only the public header ferry.h; part of ferry_tools.
+ */
+#ifndef FERRY_BENCHLAB_H
+#define FERRY_BENCHLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "runopts.h"
+
+#define BENCHLAB_MAX_RUNS 32
+#define BENCHLAB_MAX_PASSES 100
+
+/* The figures of one run; their medians over the runs are benchlab.med[]. */
+enum {
+    BENCHLAB_DIRECT,        /* limit: GB/s, the best pair, right before each cold load */
+    BENCHLAB_DIRECT_SWEEP,  /* limit: GB/s, the best of the sweep over readers x request sizes */
+    BENCHLAB_COLD_DIRECT,   /* ferry: GB/s */
+    BENCHLAB_FRESH,         /* limit: GB/s */
+    BENCHLAB_COLD_AUTO,     /* ferry: GB/s */
+    BENCHLAB_BUFFERED,      /* limit: GB/s */
+    BENCHLAB_MMAP_FAULT,    /* reference: GB/s */
+    BENCHLAB_MMAP_POPULATE, /* reference: GB/s */
+    BENCHLAB_MEMCPY,        /* limit: GB/s */
+    BENCHLAB_WARM_READ,     /* ferry: GB/s */
+    BENCHLAB_COMPUTE,       /* limit: seconds per decode pass over resident weights */
+    BENCHLAB_WARM_AUTO,     /* ferry: seconds to resident (no copy) */
+    BENCHLAB_COUNT
+};
+
+/* One device of a split stream (--split). */
+typedef struct benchlab_split_dev {
+    char name[64];        /* its spec ("cpu" for the host) */
+    int id;               /* in the manager, as runopts_split adds them */
+    double weight;        /* as given (equal shares: 1) */
+    uint64_t share;       /* M_i: bytes staged on it (0 on the cpu: read in place) */
+    uint64_t budget;      /* B_i = M_i / 4, raised to W_i */
+    int raised;
+    uint64_t working_set; /* W_i: its bytes of the two largest consecutive layers */
+    uint64_t optimal;     /* min(M_i, M_i - B_i + W_i) */
+    double bw;            /* bytes per second of its link (0 on the cpu) */
+    double transfer_s;    /* optimal / bw */
+} benchlab_split_dev;
+
+/* The streamed passes under one budget, and how they were judged. */
+typedef struct benchlab_stream {
+    const char *device;   /* NULL: cpu; "split" for the split stream */
+    int split;            /* over benchlab.split_devs */
+    uint64_t budget;
+    int raised;           /* the budget was raised to the working set */
+    int computes;
+    uint32_t passes;
+    double seconds[BENCHLAB_MAX_PASSES];
+    uint64_t bytes[BENCHLAB_MAX_PASSES];
+    double limit[BENCHLAB_MAX_PASSES]; /* O_DIRECT read (GB/s) measured right before pass p (cpu) */
+    double limit_med;     /* their median over passes 2..N: the rate the bound uses */
+    double seconds_med;   /* passes 2..N */
+    uint64_t bytes_med;
+    uint64_t optimal;
+    double compute_s;     /* compute time in the bound (0: none) */
+    double transfer_s;
+    double bound;
+    double efficiency;
+} benchlab_stream;
+
+typedef struct benchlab {
+    /* options, set by the caller before benchlab_open (zero: none) */
+    const char *path;          /* the model */
+    int quick;                 /* a shorter O_DIRECT sweep (1 and 4 readers x 16 MiB) */
+    size_t runs;               /* 1 .. BENCHLAB_MAX_RUNS */
+    uint32_t passes;           /* 3 .. BENCHLAB_MAX_PASSES */
+    const char *device;        /* --device spec or NULL */
+    double device_bw;          /* bytes per second of --device (benchlab_spec_bandwidth) */
+    const char *split;         /* --split value or NULL */
+    runopts groups;            /* --group: placements of the streamed passes (cmd "bench") */
+
+    /* the model, from benchlab_open */
+    char **files;
+    uint64_t *file_sizes;
+    size_t n_files;
+    uint64_t file_bytes;
+    uint64_t model;            /* M: bytes of all tensors */
+    size_t n_tensors, n_layers;
+    uint64_t working_set;      /* W */
+    uint64_t max_cols, max_rows;
+    benchlab_split_dev split_devs[FERRY_MAX_SPLIT];
+    int n_split;
+
+    /* the figures, from benchlab_measure */
+    double v[BENCHLAB_COUNT][BENCHLAB_MAX_RUNS];
+    size_t n[BENCHLAB_COUNT];
+    double med[BENCHLAB_COUNT];
+    unsigned direct_readers, fresh_threads;
+    int no_direct;             /* the filesystem refuses O_DIRECT: BENCHLAB_DIRECT is buffered */
+    uint64_t direct_request;
+    double direct_best;
+    double worst_cached;       /* highest fraction still cached before a cold run */
+    int auto_copies;           /* a warm AUTO load made a copy of some tensor (not zero-copy) */
+    benchlab_stream streams[4];
+    size_t n_streams;
+
+    /* scratch of the measurements */
+    float *x, *y;
+    double checksum;
+    uint64_t page;
+    cli_progress bar;
+    uint64_t done;
+} benchlab;
+
+/* Describes B->path (files, sizes, tensor bytes, layers, working set) and, with B->split, the
+ * split devices (each one's share, budget, working set and link bandwidth from ferry_plan).
+ * Returns 0, or CLI_EXIT_FAIL / CLI_EXIT_USAGE after printing why; benchlab_close either way. */
+int benchlab_open(benchlab *b);
+
+/* Runs the protocol: B->runs runs of the limits and loads, their medians, then the streamed
+ * passes (host budgets M/4 and M/2; with B->device and B->split their streams too), each judged.
+ * A progress bar on stderr when PROGRESS. Returns 0, or CLI_EXIT_FAIL after printing why. */
+int benchlab_measure(benchlab *b, int progress);
+
+/* Frees what benchlab_open and benchlab_measure allocated (B->groups included). */
+void benchlab_close(benchlab *b);
+
+/* The bandwidth of a device spec "...@25GB/s" into *BW, bytes per second (0 when it has none):
+ * 0, or -1 when the bandwidth does not parse. */
+int benchlab_spec_bandwidth(const char *spec, double *bw);
+
+/* The 1-minute load average ("0.42", "?" when unknown) into BUF. */
+void benchlab_load_average(char *buf, size_t cap);
+
+#endif
