@@ -839,6 +839,21 @@ typedef struct ferry_lora_factor {
  * Pointers valid until the adapter set changes. Works in either mode. */
 FERRY_API int ferry_lora_factors(ferry *f, ferry_tensor *t, size_t i, ferry_lora_factor *out);
 
+/* The llama name table ferry_lora_add maps adapter names with, for engines and tools that meet
+ * both spellings. ferry_lora_gguf_name gives the GGUF name of a Hugging Face name:
+ * "model.layers.3.self_attn.q_proj" (or "layers.3.self_attn.q_proj") -> "blk.3.attn_q", and so
+ * self_attn.k_proj/v_proj/o_proj -> attn_k/attn_v/attn_output, mlp.gate_proj/up_proj/down_proj ->
+ * ffn_gate/ffn_up/ffn_down, input_layernorm -> attn_norm, post_attention_layernorm -> ffn_norm;
+ * "model.embed_tokens" (or "embed_tokens") -> "token_embd", "lm_head" -> "output", "model.norm"
+ * -> "output_norm". ferry_lora_hf_name goes the other way, to the "model."-prefixed spelling
+ * ("blk.3.attn_q" -> "model.layers.3.self_attn.q_proj", "token_embd" -> "model.embed_tokens").
+ * A trailing ".weight" is kept ("lm_head.weight" -> "output.weight"); a layer number has 1 to 9
+ * digits. The name is written NUL-terminated into OUT (CAP bytes, cut to fit; OUT may be NULL
+ * when CAP is 0). Returns its length without the NUL (as snprintf: CAP or more means it was cut),
+ * or 0 when NAME (NULL included) has no entry in the table. Needs no manager; thread-safe. */
+FERRY_API size_t ferry_lora_gguf_name(const char *name, char *out, size_t cap);
+FERRY_API size_t ferry_lora_hf_name(const char *name, char *out, size_t cap);
+
 /* ---------------------------------------------------------------------------------------------
  * Plans (dry run) and statistics
  * ------------------------------------------------------------------------------------------- */

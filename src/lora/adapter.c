@@ -631,7 +631,8 @@ static const char *const strip_prefixes[] = {
     "model.diffusion_model.",
 };
 
-/* HF llama module names -> GGUF names, inside "model.layers.N." */
+/* The one table of llama module names, HF -> GGUF: per layer (inside "model.layers.N." and
+ * "blk.N."), and at the top level; the first HF spelling of a GGUF name is the one it maps back to. */
 static const char *const hf_layer_map[][2] = {
     {"self_attn.q_proj", "attn_q"},     {"self_attn.k_proj", "attn_k"},
     {"self_attn.v_proj", "attn_v"},     {"self_attn.o_proj", "attn_output"},
@@ -644,30 +645,77 @@ static const char *const hf_top_map[][2] = {
     {"lm_head", "output"},                {"model.norm", "output_norm"},
 };
 
+/* Whether S[0..N) is LIT. */
+static int same_as(const char *s, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(s, lit, n) == 0;
+}
+
+/* After PREFIX in S: the layer number's digits (1..9 of them) and a '.': the digits, else NULL. */
+static const char *layer_digits(const char *s, const char *prefix, size_t *n)
+{
+    if (!starts_with(s, prefix))
+        return NULL;
+    const char *p = s + strlen(prefix), *q = p;
+    while (isdigit((unsigned char)*q))
+        q++;
+    if (q == p || *q != '.' || q - p > 9)
+        return NULL;
+    *n = (size_t)(q - p);
+    return p;
+}
+
+/* The other spelling of module name S[0..LEN) (no ".weight"): TO_GGUF from HF, else from GGUF.
+ * Written into OUT as snprintf does; returns its length, 0 when S is not in the table. */
+static size_t translate_name(const char *s, size_t len, int to_gguf, char *out, size_t cap)
+{
+    int from = to_gguf ? 0 : 1, to = 1 - from;
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(hf_top_map); k++)
+        if (same_as(s, len, hf_top_map[k][from]))
+            return (size_t)snprintf(out, cap, "%s", hf_top_map[k][to]);
+    size_t nd = 0;
+    const char *p = !to_gguf                 ? layer_digits(s, "blk.", &nd)
+                    : starts_with(s, "model.") ? layer_digits(s, "model.layers.", &nd)
+                                               : layer_digits(s, "layers.", &nd);
+    if (!p || (size_t)(p - s) + nd + 1 > len)
+        return 0;
+    const char *module = p + nd + 1;
+    for (size_t k = 0; k < FERRY__ARRAY_LEN(hf_layer_map); k++)
+        if (same_as(module, len - (size_t)(module - s), hf_layer_map[k][from]))
+            return (size_t)snprintf(out, cap, to_gguf ? "blk.%.*s.%s" : "model.layers.%.*s.%s",
+                                    (int)nd, p, hf_layer_map[k][to]);
+    return 0;
+}
+
 /* The GGUF name of the HF llama module name S (without ".weight") into OUT, or 0. */
 static int hf_to_gguf(const char *s, char *out, size_t len)
 {
-    for (size_t k = 0; k < FERRY__ARRAY_LEN(hf_top_map); k++)
-        if (strcmp(s, hf_top_map[k][0]) == 0) {
-            snprintf(out, len, "%s", hf_top_map[k][1]);
-            return 1;
-        }
-    const char *p = starts_with(s, "model.layers.") ? s + 13
-                    : starts_with(s, "layers.")     ? s + 7
-                                                    : NULL;
-    if (!p || !isdigit((unsigned char)*p))
+    return translate_name(s, strlen(s), 1, out, len) > 0;
+}
+
+/* NAME without a trailing ".weight", translated, the suffix put back. */
+static size_t lora_name(const char *name, int to_gguf, char *out, size_t cap)
+{
+    if (!name || (!out && cap))
         return 0;
-    const char *q = p;
-    while (isdigit((unsigned char)*q))
-        q++;
-    if (*q != '.' || q - p > 9)
-        return 0;
-    for (size_t k = 0; k < FERRY__ARRAY_LEN(hf_layer_map); k++)
-        if (strcmp(q + 1, hf_layer_map[k][0]) == 0) {
-            snprintf(out, len, "blk.%.*s.%s", (int)(q - p), p, hf_layer_map[k][1]);
-            return 1;
-        }
-    return 0;
+    size_t len = strlen(name);
+    int weight = ends_with(name, len, ".weight");
+    size_t n = translate_name(name, weight ? len - 7 : len, to_gguf, out, cap);
+    if (!n || !weight)
+        return n;
+    if (n < cap)
+        snprintf(out + n, cap - n, ".weight");
+    return n + 7;
+}
+
+size_t ferry_lora_gguf_name(const char *name, char *out, size_t cap)
+{
+    return lora_name(name, 1, out, cap);
+}
+
+size_t ferry_lora_hf_name(const char *name, char *out, size_t cap)
+{
+    return lora_name(name, 0, out, cap);
 }
 
 typedef struct map_ctx {

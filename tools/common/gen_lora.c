@@ -3,6 +3,8 @@
  * runtime factors and `lora merge` can be tried and benchmarked without downloading an adapter.
  *
  * The base is read with the public catalog only; the adapter is written with the public writer.
+ * Llama names go between their HF and GGUF spellings through the library's own table
+ * (ferry_lora_hf_name, ferry_lora_gguf_name), so an adapter is named as ferry_lora_add maps it.
  * Each factor's values come from a generator seeded by (seed, factor name), so the bytes depend on
  * the seed and the names alone, and a value is a sum of four uniforms (Irwin-Hall), which needs no
  * libm and is the same on every machine. The adapter is checked after writing by adding it to a
@@ -41,59 +43,33 @@ static int gl_starts(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-/* llama GGUF module names and the HF names they come from */
-static const char *const gl_llama[][2] = {
-    {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
-    {"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"},
-    {"ffn_gate", "mlp.gate_proj"},  {"ffn_up", "mlp.up_proj"},
-    {"ffn_down", "mlp.down_proj"},
-};
-
-/* When NAME is "blk.N.<llama module>.weight": 1, with N's digits and the table row. */
-static int gl_llama_gguf(const char *name, const char **num, int *numlen, size_t *row)
+/* Whether G, a GGUF name from ferry_lora_gguf_name's table, is a layer weight that gets a LoRA:
+ * the attention and feed-forward matrices, not the norms (vectors) nor the top-level weights. */
+static int gl_llama_module(const char *g)
 {
-    if (!gl_starts(name, "blk."))
-        return 0;
-    const char *p = name + 4, *q = p;
-    while (*q >= '0' && *q <= '9')
-        q++;
-    if (q == p || *q != '.')
-        return 0;
-    for (size_t k = 0; k < sizeof gl_llama / sizeof gl_llama[0]; k++) {
-        size_t n = strlen(gl_llama[k][0]);
-        if (strncmp(q + 1, gl_llama[k][0], n) == 0 && strcmp(q + 1 + n, ".weight") == 0) {
-            *num = p;
-            *numlen = (int)(q - p);
-            *row = k;
-            return 1;
-        }
-    }
-    return 0;
+    return gl_starts(g, "blk.") && gl_ends(g, ".weight") && !gl_ends(g, "_norm.weight");
 }
 
-/* Whether base tensor T gets a LoRA: llama attention / feed-forward matrices (GGUF or HF names),
- * diffusers attention / feed-forward matrices, conv kernels. */
+/* Whether base tensor T gets a LoRA: llama attention / feed-forward matrices (GGUF or HF names,
+ * the HF ones under any prefix ending in "layers.N."), diffusers attention / feed-forward
+ * matrices, conv kernels. */
 int ferry_gen_lora_is_target(const ferry_tensor_info *t)
 {
     const char *n = t->name;
-    const char *num;
-    int numlen;
-    size_t row;
+    char gg[128];
     if (!gl_ends(n, ".weight"))
         return 0;
     if (t->ndim == 4)
         return 1;
     if (t->ndim != 2)
         return 0;
-    if (gl_llama_gguf(n, &num, &numlen, &row))
+    if (gl_llama_module(n) && ferry_lora_hf_name(n, NULL, 0) > 0)
         return 1;
-    static const char *const hf[] = {".self_attn.q_proj.weight", ".self_attn.k_proj.weight",
-                                     ".self_attn.v_proj.weight", ".self_attn.o_proj.weight",
-                                     ".mlp.gate_proj.weight",    ".mlp.up_proj.weight",
-                                     ".mlp.down_proj.weight"};
-    for (size_t k = 0; k < sizeof hf / sizeof hf[0]; k++)
-        if (gl_ends(n, hf[k]) && strstr(n, "layers."))
+    for (const char *l = strstr(n, "layers."); l; l = strstr(l + 1, "layers.")) {
+        size_t k = ferry_lora_gguf_name(l, gg, sizeof gg);
+        if (k > 0 && k < sizeof gg && gl_llama_module(gg))
             return 1;
+    }
     static const char *const dif[] = {".to_q.weight", ".to_k.weight", ".to_v.weight",
                                       ".to_out.0.weight"};
     for (size_t k = 0; k < sizeof dif / sizeof dif[0]; k++)
@@ -127,11 +103,12 @@ static int gl_describe(int scheme, const ferry_tensor_info *t, unsigned rank, gl
     char *module = malloc(len + 64);
     if (!module)
         return -1;
-    const char *num;
-    int numlen;
-    size_t row;
-    if (scheme == GL_PEFT && gl_llama_gguf(t->name, &num, &numlen, &row))
-        snprintf(module, len + 64, "model.layers.%.*s.%s", numlen, num, gl_llama[row][1]);
+    /* PEFT adapters name llama layers in HF spelling: module = the HF name without ".weight" */
+    size_t hf = scheme == GL_PEFT && gl_llama_module(t->name)
+                    ? ferry_lora_hf_name(t->name, module, len + 64)
+                    : 0;
+    if (hf > 7 && hf < len + 64)
+        module[hf - 7] = 0;
     else
         snprintf(module, len + 64, "%.*s", (int)len, t->name);
 
