@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -225,6 +226,29 @@ double cli_now(void)
 }
 
 char *cli_size(uint64_t n, char buf[32]) { return ferry_format_size(n, buf); }
+
+uint64_t cli_status_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    size_t klen = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen) && line[klen] == ':') {
+            kb = strtoull(line + klen + 1, NULL, 10);
+            break;
+        }
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
+uint64_t cli_peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
 
 /* Length of the well-formed UTF-8 sequence at S (N bytes left) of 2 to 4 bytes, or 0 when the
  * bytes there are not one (overlong forms, surrogates and values past U+10FFFF are not). */

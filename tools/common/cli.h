@@ -76,6 +76,10 @@ int cli_check_output(const char *cmd, const char *what, const char *out,
 double cli_now(void);
 /* "1.50 GiB" into BUF (the library's formatting); returns BUF. */
 char *cli_size(uint64_t n, char buf[32]);
+/* A field of /proc/self/status ("RssAnon", "RssFile") in bytes, 0 when unknown. */
+uint64_t cli_status_bytes(const char *key);
+/* The process's peak resident memory, bytes (getrusage). */
+uint64_t cli_peak_rss(void);
 /* Writes S (N bytes, may hold NULs and invalid UTF-8) as printable text for a table: control
  * characters as \n, \t, \xNN; invalid UTF-8 bytes as \xNN. At most MAX bytes of S are shown,
  * then "… (N bytes)". */

@@ -7,7 +7,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -42,13 +41,6 @@ static long parse_tokens(const char *s, uint32_t *out, size_t max)
         p = *end ? end + 1 : end;
     }
     return (long)n;
-}
-
-static uint64_t peak_rss_bytes(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (uint64_t)ru.ru_maxrss * 1024;
 }
 
 static uint32_t argmax(const float *v, uint32_t n)
@@ -305,7 +297,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_key(&j, "engine_bytes");
         cli_json_u64(&j, llama_memory_bytes(c, (uint32_t)n_ctx, (int)threads));
         cli_json_key(&j, "peak_rss_bytes");
-        cli_json_u64(&j, peak_rss_bytes());
+        cli_json_u64(&j, cli_peak_rss());
         cli_json_key(&j, "prefetch_hits");
         cli_json_u64(&j, st.prefetch_hits);
         cli_json_key(&j, "prefetch_misses");
@@ -334,7 +326,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         printf("first token %.3f s, decode %.2f tok/s (%llu threads), read %s per token, "
                "peak RSS %s\nprefetch hits %llu, misses %llu\n",
                t_first, tok_s, (unsigned long long)threads, cli_size(per_token, b1),
-               cli_size(peak_rss_bytes(), b2), (unsigned long long)st.prefetch_hits,
+               cli_size(cli_peak_rss(), b2), (unsigned long long)st.prefetch_hits,
                (unsigned long long)st.prefetch_misses);
     }
 out:

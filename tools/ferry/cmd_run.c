@@ -4,165 +4,14 @@
  * higher) weight, release. Reports time per pass, stalls, bytes read, peak memory; --verify checks
  * every prepared tensor's bytes against an independent read (and conversion / merge) of the file.
  */
-#include <fcntl.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "commands.h"
 #include "layers.h"
+#include "limits.h"
 #include "runopts.h"
-
-static void drop_cache(ferry *f)
-{
-    const ferry_catalog *c = ferry_catalog_of(f);
-    for (size_t i = 0; i < ferry_catalog_file_count(c); i++) {
-        int fd = open(ferry_catalog_file_path(c, i), O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            close(fd);
-        }
-    }
-}
-
-/* T's bytes as stored, read through the descriptor ferry holds: the file ferry opened, not
- * whatever stands at its path now. NULL when the read fails. */
-static void *read_file(ferry *f, ferry_tensor *t, uint64_t n)
-{
-    unsigned char *buf = malloc(n ? n : 1);
-    if (buf && ferry_tensor_read_file(f, t, 0, n, buf)) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* Tolerance of a stored value of type T near V: the rounding of T (a merge computed in another
- * order may round the other way). */
-static double tolerance(ferry_dtype t, double v, double block_amax)
-{
-    switch (t) {
-    case FERRY_DTYPE_F32: return 1e-5 * fabs(v) + 1e-6;
-    case FERRY_DTYPE_F16: return fabs(v) / 1024.0 + 1e-7;
-    case FERRY_DTYPE_BF16: return fabs(v) / 128.0 + 1e-7;
-    case FERRY_DTYPE_Q8_0: return block_amax / 127.0 * 1.01 + 1e-7;
-    case FERRY_DTYPE_Q4_0: return block_amax / 7.0 * 1.01 + 1e-7;
-    default: return 1e-3 * fabs(v) + 1e-6;
-    }
-}
-
-/* Independent check of one prepared tensor: exact bytes when nothing transforms it; otherwise
- * the file's values converted (and merged, in double) compared within the rounding of the
- * staged type. Returns 1 when it matches. */
-static int verify_tensor(ferry *f, ferry_tensor *t, int merge_mode, char *why, size_t whylen)
-{
-    ferry_tensor_info info;
-    ferry_tensor_get_info(t, &info);
-    uint64_t out_bytes = ferry_tensor_nbytes(t);
-    ferry_dtype out = ferry_tensor_dtype(t);
-    unsigned char *raw = read_file(f, t, info.nbytes);
-    unsigned char *got = malloc(out_bytes ? out_bytes : 1);
-    int ok = 0;
-    if (!raw || !got || ferry_tensor_read(f, t, 0, out_bytes, got)) {
-        snprintf(why, whylen, "cannot read back: %s", ferry_errmsg(f));
-        goto out;
-    }
-    ferry_lora_factor fac;
-    int merged = merge_mode && ferry_lora_factors(f, t, 0, &fac) == 0;
-    if (!merged && out == info.dtype) {
-        ok = out_bytes == info.nbytes && memcmp(raw, got, info.nbytes) == 0;
-        if (!ok)
-            snprintf(why, whylen, "bytes differ from the file");
-        goto out;
-    }
-    uint64_t n = info.n_elems;
-    float *want = malloc(n * sizeof *want), *have = malloc(n * sizeof *have);
-    double *acc = merged ? malloc(n * sizeof *acc) : NULL;
-    if (!want || !have || (merged && !acc)) {
-        snprintf(why, whylen, "out of memory");
-        free(want), free(have), free(acc);
-        goto out;
-    }
-    if (ferry_dtype_convert(info.dtype, raw, FERRY_DTYPE_F32, want, n) ||
-        ferry_dtype_convert(out, got, FERRY_DTYPE_F32, have, n)) {
-        snprintf(why, whylen, "cannot convert %s", ferry_dtype_name(info.dtype));
-        free(want), free(have), free(acc);
-        goto out;
-    }
-    if (merged) {
-        for (uint64_t i = 0; i < n; i++)
-            acc[i] = want[i];
-        for (size_t k = 0; ferry_lora_factors(f, t, k, &fac) == 0; k++)
-            for (uint64_t r = 0; r < fac.rows; r++)
-                for (uint64_t c = 0; c < fac.cols; c++) {
-                    double s = 0;
-                    for (uint32_t q = 0; q < fac.rank; q++)
-                        s += (double)fac.b[r * fac.rank + q] * fac.a[q * fac.cols + c];
-                    acc[r * fac.cols + c] += fac.scale * s;
-                }
-        for (uint64_t i = 0; i < n; i++)
-            want[i] = (float)acc[i];
-    } else {
-        /* the independent conversion, through the same public converter */
-        unsigned char *conv = malloc(out_bytes ? out_bytes : 1);
-        if (conv && !ferry_dtype_convert(info.dtype, raw, out, conv, n) &&
-            memcmp(conv, got, out_bytes) == 0) {
-            ok = 1;
-        } else {
-            snprintf(why, whylen, "converted values differ");
-        }
-        free(conv);
-        free(want), free(have), free(acc);
-        goto out;
-    }
-    uint32_t blk = ferry_dtype_block_elems(out);
-    ok = 1;
-    for (uint64_t b0 = 0; b0 < n && ok; b0 += blk) {
-        double amax = 0;
-        for (uint64_t i = b0; i < b0 + blk && i < n; i++)
-            amax = fmax(amax, fabs((double)want[i]));
-        for (uint64_t i = b0; i < b0 + blk && i < n; i++) {
-            double d = fabs((double)have[i] - want[i]);
-            if (!(d <= tolerance(out, want[i], amax))) {
-                snprintf(why, whylen, "element %llu: %g, expected %g (merged)",
-                         (unsigned long long)i, have[i], want[i]);
-                ok = 0;
-                break;
-            }
-        }
-    }
-    free(want), free(have), free(acc);
-out:
-    free(raw);
-    free(got);
-    return ok;
-}
-
-/* A field of /proc/self/status in bytes ("RssAnon", "RssFile"), 0 when unknown. */
-static uint64_t proc_status_kb(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    uint64_t kb = 0;
-    size_t klen = strlen(key);
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, klen) && line[klen] == ':') {
-            kb = strtoull(line + klen + 1, NULL, 10);
-            break;
-        }
-    if (f)
-        fclose(f);
-    return kb * 1024;
-}
-
-static uint64_t peak_rss(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (uint64_t)ru.ru_maxrss * 1024;
-}
+#include "verify.h"
 
 typedef struct pass_stat {
     double seconds, stall;
@@ -262,8 +111,8 @@ int cmd_run(int argc, char **argv)
     cli_progress bar;
     cli_progress_start(&bar, "run", passes * nsets, !json && !quiet);
     for (uint64_t p = 0; p < passes && rc == CLI_EXIT_OK; p++) {
-        if (cold)
-            drop_cache(f);
+        for (size_t i = 0; cold && i < ferry_catalog_file_count(ferry_catalog_of(f)); i++)
+            limits_drop_cache(ferry_catalog_file_path(ferry_catalog_of(f), i)); /* best effort */
         ferry_stats st0, st1;
         ferry_get_stats(f, &st0);
         double t0 = ferry_now();
@@ -287,7 +136,7 @@ int cmd_run(int argc, char **argv)
                 ferry_trace_event(f, "compute", "compute", c0, ferry_now());
             for (size_t i = 0; i < ls->n && verify; i++) {
                 char why[256];
-                if (!verify_tensor(f, ls->t[i], merge_mode, why, sizeof why)) {
+                if (!verify_prepared(f, ls->t[i], merge_mode, why, sizeof why)) {
                     ferry_tensor_info info;
                     ferry_tensor_get_info(ls->t[i], &info);
                     fprintf(stderr, "ferry: verify: %s: tensor '%s': %s\n", info.file, info.name,
@@ -313,7 +162,7 @@ int cmd_run(int argc, char **argv)
         goto out;
     ferry_stats st;
     ferry_get_stats(f, &st);
-    uint64_t rss = peak_rss();
+    uint64_t rss = cli_peak_rss();
     if (json) {
         cli_json j;
         cli_json_init(&j, stdout);
@@ -337,9 +186,9 @@ int cmd_run(int argc, char **argv)
         cli_json_u64(&j, rss);
         /* at the end: private memory versus file pages mapped (zero-copy, page cache) */
         cli_json_key(&j, "rss_anon_bytes");
-        cli_json_u64(&j, proc_status_kb("RssAnon"));
+        cli_json_u64(&j, cli_status_bytes("RssAnon"));
         cli_json_key(&j, "rss_file_bytes");
-        cli_json_u64(&j, proc_status_kb("RssFile"));
+        cli_json_u64(&j, cli_status_bytes("RssFile"));
         cli_json_key(&j, "host_peak_bytes");
         cli_json_u64(&j, st.peak_bytes[0]);
         cli_json_key(&j, "device_peak_bytes");
@@ -371,8 +220,8 @@ int cmd_run(int argc, char **argv)
                    ps[p].seconds > 0 ? ps[p].bytes_read / ps[p].seconds / 1e9 : 0.0,
                    ps[p].stall);
         printf("peak RSS %s (now: private %s, mapped file %s), ferry's host peak %s",
-               cli_size(rss, b2), cli_size(proc_status_kb("RssAnon"), b1),
-               cli_size(proc_status_kb("RssFile"), (char[32]){0}), cli_size(st.peak_bytes[0], b3));
+               cli_size(rss, b2), cli_size(cli_status_bytes("RssAnon"), b1),
+               cli_size(cli_status_bytes("RssFile"), (char[32]){0}), cli_size(st.peak_bytes[0], b3));
         for (int d = 1; d < ferry_device_count(f); d++)
             printf(", device %d peak %s", d, cli_size(st.peak_bytes[d], b1));
         printf("\nprefetch hits %llu, misses %llu, evictions %llu\n",
