@@ -9,12 +9,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
-#include "gen_lora.h"
-#include "layers.h"
+#include "demolab.h"
 #include "limits.h"
 #include "llama.h"
 #include "synth.h"
@@ -34,156 +32,15 @@ static const char *HELP =
     "  -q, --quiet    no progress bar\n"
     "  -h, --help     this text\n";
 
-/* mkdir -p DIR; 0 or -1 with errno. */
-static int make_dirs(const char *dir)
-{
-    char path[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof path) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(path, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (path[i] != '/' && path[i] != '\0')
-            continue;
-        char c = path[i];
-        path[i] = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
-            return -1;
-        path[i] = c;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
-static int cache_dir(char *buf, size_t len)
-{
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && xdg[0] == '/')
-        snprintf(buf, len, "%s/ferry", xdg);
-    else if (home && *home)
-        snprintf(buf, len, "%s/.cache/ferry", home);
-    else
-        return -1;
-    return 0;
-}
-
-/* 1 when PATH opens and holds exactly the planned tensors (names, dtypes, sizes) and seed. */
-static int reusable(const char *path, const synth_model *m)
-{
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return 0;
-    ferry_catalog *c = ferry_catalog_create();
-    if (!c)
-        return 0;
-    int ok = ferry_catalog_add(c, path, NULL) == 0 && ferry_catalog_count(c) == m->n &&
-             ferry_catalog_total_bytes(c) == m->total_bytes;
-    for (size_t i = 0; ok && i < m->n; i++) {
-        ferry_tensor_info t;
-        ok = ferry_catalog_tensor(c, i, &t) == 0 && strcmp(t.name, m->t[i].name) == 0 &&
-             t.dtype == m->t[i].dtype && t.nbytes == m->t[i].nbytes;
-    }
-    uint64_t seed = 0;
-    ok = ok && ferry_catalog_get_u64(c, "ferry.seed", &seed) == 0 && seed == m->cfg.seed;
-    ferry_catalog_destroy(c);
-    return ok;
-}
-
 /* ---- the steps ------------------------------------------------------------------------------- */
 
-typedef struct demo_figures {
-    double direct, fresh, memcpy_bw, cold, warm, zero_copy_s;
-    double stream_s, stream_gbps;
-    uint64_t stream_read, stream_opt, budget, host_peak;
-    double merge_s, switch_s;
-    uint64_t switch_read;
-    double gen_tok_s, gen_bound;
-} demo_figures;
-
-static demo_figures fig;
-
-/* A manager on PATH with one policy for every tensor; NULL after printing why. */
-static ferry *open_model(const char *path, const ferry_policy *p, uint64_t host_budget)
-{
-    ferry *f = ferry_create(NULL);
-    if (!f) {
-        cli_error("out of memory");
-        return NULL;
-    }
-    if ((host_budget && ferry_set_budget(f, 0, host_budget)) || ferry_open(f, path, NULL) ||
-        ferry_group_add(f, "all", "*", p)) {
-        cli_fail(path, ferry_errmsg(f), -1);
-        ferry_destroy(f);
-        return NULL;
-    }
-    return f;
-}
-
-/* Seconds ferry takes to load PATH to its home (host) with POLICY, or a negative value. */
-static double timed_load(const char *path, const ferry_policy *p, int cold)
-{
-    if (cold)
-        limits_drop_cache(path);
-    double t0 = cli_now();
-    ferry *f = open_model(path, p, 0);
-    if (!f)
-        return -1;
-    int rc = ferry_load_group(f, NULL);
-    double s = cli_now() - t0;
-    if (rc)
-        cli_fail(path, ferry_errmsg(f), rc);
-    ferry_destroy(f);
-    return rc ? -1 : s;
-}
-
-static double median3(double a, double b, double c)
-{
-    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
-}
+static demolab_figures fig;
 
 static int demo_load(const char *path, uint64_t model)
 {
     printf("\nload      into host RAM; each figure beside the machine's own limit, median of 3\n");
     fflush(stdout);
-    ferry_policy direct = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
-    ferry_policy read = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ};
-    ferry_policy zc = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
-    double lim[3], fr[3], cold[3], mc[3], warm[3];
-    /* the disk's best reader count first (ferry bench sweeps more: 1/2/4/8 x 16/64 MiB) */
-    unsigned readers = 1;
-    double best = 0;
-    for (unsigned r = 1; r <= 4; r *= 2) {
-        double g = limits_direct_read(path, r, UINT64_C(16) << 20);
-        if (g > best)
-            best = g, readers = r;
-    }
-    for (int i = 0; i < 3; i++) { /* limit, ferry, limit, ferry: a drifting disk shows in both */
-        lim[i] = limits_direct_read(path, readers, UINT64_C(16) << 20);
-        double s = timed_load(path, &direct, 1);
-        cold[i] = s > 0 ? model / s / 1e9 : -1;
-        fr[i] = limits_fresh_memory_best(model, NULL);
-    }
-    limits_warm_file(path);
-    for (int i = 0; i < 3; i++) {
-        mc[i] = limits_memcpy(model < (UINT64_C(256) << 20) ? model : UINT64_C(256) << 20);
-        double s = timed_load(path, &read, 0);
-        warm[i] = s > 0 ? model / s / 1e9 : -1;
-    }
-    fig.direct = median3(lim[0], lim[1], lim[2]);
-    fig.fresh = median3(fr[0], fr[1], fr[2]);
-    fig.cold = median3(cold[0], cold[1], cold[2]);
-    fig.memcpy_bw = median3(mc[0], mc[1], mc[2]);
-    fig.warm = median3(warm[0], warm[1], warm[2]);
-    fig.zero_copy_s = timed_load(path, &zc, 0);
-    if (fig.cold < 0 || fig.warm < 0 || fig.zero_copy_s < 0)
+    if (demolab_load(path, model, &fig))
         return CLI_EXIT_FAIL;
     double cold_bound = fig.direct < fig.fresh ? fig.direct : fig.fresh;
     double warm_bound = fig.memcpy_bw < fig.fresh ? fig.memcpy_bw : fig.fresh;
@@ -201,108 +58,35 @@ static int demo_load(const char *path, uint64_t model)
 
 static int demo_stream(const char *path, uint64_t model, int quiet)
 {
-    uint64_t budget = model / 4;
-    ferry_policy disk = {.home = FERRY_HOME_DISK};
-    ferry *f = open_model(path, &disk, 0);
-    if (!f)
+    demolab_stream ds;
+    if (demolab_stream_open(path, model, &ds)) {
+        demolab_stream_close(&ds);
         return CLI_EXIT_FAIL;
-    layer_set *sets = NULL;
-    size_t nsets = 0;
-    if (build_sets(f, &sets, &nsets)) {
-        ferry_destroy(f);
-        return CLI_EXIT_FAIL;
-    }
-    uint64_t max_cols = 1, max_rows = 1, n = 0;
-    for (size_t k = 0; k < nsets; k++)
-        for (size_t i = 0; i < sets[k].n; i++, n++) {
-            ferry_tensor_info info;
-            ferry_tensor_get_info(sets[k].t[i], &info);
-            max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
-            max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
-        }
-    /* W: the layer in use plus the one being prefetched, at their largest (wrapping around) */
-    uint64_t w = sets_working_set(sets, nsets);
-    float *x = calloc(max_cols, sizeof *x), *y = calloc(max_rows, sizeof *y);
-    for (uint64_t i = 0; x && i < max_cols; i++)
-        x[i] = 0.001f * (float)(i % 97);
-    /* A small model's quarter may not hold two layers at once: then the budget is the working
-     * set plus the page of headroom each buffer has for direct I/O. */
-    const char *why = "a quarter";
-    if (budget < w + n * 8192) {
-        budget = w + n * 8192;
-        why = "raised to the working set";
-    }
-    ferry_set_budget(f, 0, budget);
-    /* blocks: layers whose key ends in a number ("blk.3"); the rest are the embedding and head */
-    size_t blocks = 0;
-    for (size_t k = 0; k < nsets; k++) {
-        ferry_tensor_info info;
-        ferry_tensor_get_info(sets[k].t[0], &info);
-        size_t len = layer_key_len(info.name);
-        blocks += len > 0 && info.name[len - 1] >= '0' && info.name[len - 1] <= '9';
     }
     printf("\nstream    home disk, host budget %s (%s), 4 passes, cold file; each pass prepares\n"
            "          %zu blocks and %zu other layers (embedding, head) in turn\n",
-           cli_size(budget, (char[32]){0}), why, blocks, nsets - blocks);
+           cli_size(ds.budget, (char[32]){0}), ds.why, ds.blocks, ds.nsets - ds.blocks);
     fflush(stdout);
-    limits_drop_cache(path);
-    cli_progress bar;
-    cli_progress_start(&bar, "stream", 4 * nsets, !quiet);
-    int rc = x && y ? 0 : cli_error("out of memory");
-    double pass_s[4];
-    uint64_t pass_read[4];
-    for (int p = 0; p < 4 && !rc; p++) {
-        ferry_stats s0, s1;
-        ferry_get_stats(f, &s0);
-        double t0 = cli_now();
-        for (size_t k = 0; k < nsets && !rc; k++) {
-            if ((rc = ferry_prepare(f, sets[k].t, sets[k].n)) != 0) {
-                cli_fail(path, ferry_errmsg(f), rc);
-                break;
-            }
-            for (size_t i = 0; i < sets[k].n; i++) {
-                ferry_tensor_info info;
-                ferry_tensor_get_info(sets[k].t[i], &info);
-                if (info.ndim >= 2)
-                    ferry_matvec(ferry_tensor_dtype(sets[k].t[i]),
-                                 ferry_tensor_data(sets[k].t[i]), info.n_rows, info.row_elems, x,
-                                 y);
-            }
-            ferry_release(f, sets[k].t, sets[k].n);
-            cli_progress_update(&bar, (uint64_t)p * nsets + k + 1);
-        }
-        pass_s[p] = cli_now() - t0;
-        ferry_get_stats(f, &s1);
-        pass_read[p] = s1.bytes_read - s0.bytes_read;
-    }
-    cli_progress_end(&bar);
+    int rc = demolab_stream_run(&ds, path, model, quiet, &fig);
     if (!rc) {
-        ferry_stats st;
-        ferry_get_stats(f, &st);
+        const ferry_stats *st = &ds.stats;
         char b1[32], b2[32], b3[32];
         for (int p = 0; p < 4; p++)
-            printf("  pass %d   %6.3f s   read %10s%s\n", p + 1, pass_s[p],
-                   cli_size(pass_read[p], b1), p ? "" : "   (first pass: everything, recording the order)");
-        fig.stream_read = pass_read[3];
-        fig.stream_s = pass_s[3];
-        fig.stream_opt = model - budget + w;
-        fig.budget = budget;
-        fig.host_peak = st.peak_bytes[0];
+            printf("  pass %d   %6.3f s   read %10s%s\n", p + 1, ds.pass_s[p],
+                   cli_size(ds.pass_read[p], b1), p ? "" : "   (first pass: everything, recording the order)");
         printf("  later passes read %s; the optimum M - B + W is %s, M the model, B the budget,\n"
                "  W the two largest consecutive layers (the one in use and the one read ahead):\n"
                "  what a pass must re-read when the budget keeps all it can (LRU and the page\n"
                "  cache re-read all %s)\n",
-               cli_size(pass_read[3], b1), cli_size(fig.stream_opt, b2), cli_size(model, b3));
+               cli_size(ds.pass_read[3], b1), cli_size(fig.stream_opt, b2), cli_size(model, b3));
         printf("  ferry's host memory peaked at %s of the %s budget; prefetch hits %llu, misses "
                "%llu\n"
                "  (a miss: a prepare that found its tensor neither ready nor being read, and\n"
                "  waited for the read)\n",
-               cli_size(st.peak_bytes[0], b1), cli_size(budget, b2),
-               (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses);
+               cli_size(st->peak_bytes[0], b1), cli_size(ds.budget, b2),
+               (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_misses);
     }
-    free(x), free(y);
-    free_sets(sets);
-    ferry_destroy(f);
+    demolab_stream_close(&ds);
     return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
@@ -389,47 +173,12 @@ static int demo_lora(const char *path, const char *folder, int quiet)
     const char *base = strrchr(path, '/');
     snprintf(adapter, sizeof adapter, "%s/%.*s.lora-r16.safetensors", folder,
              (int)(strlen(base ? base + 1 : path) - 5), base ? base + 1 : path);
-    struct stat sb;
-    if (stat(adapter, &sb) != 0 && ferry_gen_lora(path, adapter, 16, "peft", 7, 1) != 0)
+    if (demolab_lora_make(path, adapter))
         return CLI_EXIT_FAIL;
     printf("\nlora      %s (PEFT, rank 16), merged at staging; home host\n", adapter);
-    ferry_policy host = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ};
-    ferry *f = open_model(path, &host, 0);
-    if (!f)
-        return CLI_EXIT_FAIL;
-    int rc = ferry_load_group(f, NULL), id = -1;
     ferry_lora_info info;
-    if (!rc)
-        rc = ferry_lora_add(f, adapter, 1.0f, NULL, &id);
-    if (!rc)
-        rc = ferry_lora_get_info(f, id, &info);
-    const ferry_catalog *c = ferry_catalog_of(f);
-    size_t n = ferry_catalog_count(c);
-    ferry_tensor **ts = calloc(n ? n : 1, sizeof *ts);
-    for (size_t i = 0; ts && i < n; i++) {
-        ferry_tensor_info ti;
-        ferry_catalog_tensor(c, i, &ti);
-        ts[i] = ferry_find(f, ti.name);
-    }
-    double t0 = cli_now();
-    for (size_t i = 0; !rc && ts && i < n; i++)
-        if (!(rc = ferry_prepare(f, &ts[i], 1)))
-            ferry_release(f, &ts[i], 1);
-    fig.merge_s = cli_now() - t0;
-    ferry_stats s0, s1;
-    ferry_get_stats(f, &s0);
-    if (!rc)
-        rc = ferry_lora_set_multiplier(f, id, 0.5f);
-    t0 = cli_now();
-    for (size_t i = 0; !rc && ts && i < n; i++)
-        if (!(rc = ferry_prepare(f, &ts[i], 1)))
-            ferry_release(f, &ts[i], 1);
-    fig.switch_s = cli_now() - t0;
-    ferry_get_stats(f, &s1);
-    fig.switch_read = s1.bytes_read - s0.bytes_read;
-    if (rc) {
-        cli_fail(path, ferry_errmsg(f), rc);
-    } else {
+    int rc = demolab_lora(path, adapter, &info, &fig);
+    if (!rc) {
         char b1[32];
         printf("  %u factor pairs matched %u weights (%s of f32 factors cached once)\n",
                info.n_pairs, info.n_matched, cli_size(info.factor_bytes, b1));
@@ -439,8 +188,6 @@ static int demo_lora(const char *path, const char *folder, int quiet)
                fig.switch_s, cli_size(fig.switch_read, b1));
     }
     (void)quiet;
-    free(ts);
-    ferry_destroy(f);
     return rc ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
@@ -512,9 +259,9 @@ int cmd_demo(int argc, char **argv)
     char folder[4096], path[4200], a[32];
     if (dir)
         snprintf(folder, sizeof folder, "%s", dir);
-    else if (cache_dir(folder, sizeof folder) != 0)
+    else if (demolab_cache_dir(folder, sizeof folder) != 0)
         return cli_error("no cache folder: set HOME or XDG_CACHE_HOME, or give --dir");
-    if (make_dirs(folder) != 0)
+    if (demolab_make_dirs(folder) != 0)
         return cli_error("%s: cannot create the folder: %s", folder, strerror(errno));
 
     synth_model m;
@@ -538,7 +285,7 @@ int cmd_demo(int argc, char **argv)
     printf("model     %s\n", path);
     printf("          llama, %u layers, dim %u, ff %u, vocab %u, f16, %zu tensors, %s\n",
            m.cfg.layers, m.cfg.dim, m.cfg.ff, m.cfg.vocab, m.n, cli_size(m.total_bytes, a));
-    if (reusable(path, &m)) {
+    if (demolab_reusable(path, &m)) {
         printf("          reused from an earlier run\n");
     } else {
         fflush(stdout);
