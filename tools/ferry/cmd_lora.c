@@ -3,15 +3,12 @@
  * weights (the writing is lora_merge.c's), and `ferry lora info`: what an adapter holds and how
  * it maps onto a base.
  */
-#include <errno.h>
-#include <float.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "commands.h"
 #include "lora_merge.h"
+#include "lora_scan.h"
 #include "runopts.h"
 
 static const char *HELP =
@@ -112,24 +109,7 @@ static int lora_merge(int argc, char **argv)
 
 /* ---- info ----------------------------------------------------------------------------------- */
 
-static const char *const a_suffixes[] = {".lora_A.weight", ".lora_A.default.weight",
-                                         ".lora_down.weight", ".lora_a"};
-
-typedef struct range {
-    double lo, hi;
-    uint64_t n;
-} range;
-
-static void range_add(range *r, double v)
-{
-    if (!r->n || v < r->lo)
-        r->lo = v;
-    if (!r->n || v > r->hi)
-        r->hi = v;
-    r->n++;
-}
-
-static void range_print(FILE *o, const range *r)
+static void range_print(FILE *o, const lora_range *r)
 {
     if (r->lo == r->hi)
         fprintf(o, "%g", r->lo);
@@ -137,7 +117,7 @@ static void range_print(FILE *o, const range *r)
         fprintf(o, "%g .. %g", r->lo, r->hi);
 }
 
-static void range_json(cli_json *j, const char *key, const range *r)
+static void range_json(cli_json *j, const char *key, const lora_range *r)
 {
     cli_json_key(j, key);
     if (!r->n) {
@@ -150,69 +130,6 @@ static void range_json(cli_json *j, const char *key, const range *r)
     cli_json_key(j, "max");
     cli_json_f64(j, r->hi);
     cli_json_end_object(j);
-}
-
-/* Reads the one-element float tensor IN (a kohya per-module alpha). 0 or -1. */
-static int read_scalar(const ferry_tensor_info *in, double *out)
-{
-    unsigned char buf[8];
-    float v;
-    if (in->n_elems != 1 || in->nbytes > sizeof buf || !ferry_dtype_can_convert(in->dtype, FERRY_DTYPE_F32))
-        return -1;
-    FILE *fp = fopen(in->file, "rb");
-    if (!fp)
-        return -1;
-    int ok = fseeko(fp, (off_t)in->offset, SEEK_SET) == 0 &&
-             fread(buf, 1, (size_t)in->nbytes, fp) == in->nbytes;
-    fclose(fp);
-    if (!ok || ferry_dtype_convert(in->dtype, buf, FERRY_DTYPE_F32, &v, 1) || !isfinite(v))
-        return -1;
-    *out = v;
-    return 0;
-}
-
-typedef struct adapter_scan {
-    range rank, alpha_tensor;
-    const char *alpha_key; /* metadata key of the adapter-wide alpha, or NULL */
-    double alpha;
-    ferry_dtype factor_dtype;
-} adapter_scan;
-
-static void scan_adapter(const ferry_catalog *c, adapter_scan *s)
-{
-    static const char *const alpha_keys[] = {"adapter.lora.alpha", "lora_alpha", "alpha",
-                                             "ss_network_alpha"};
-    memset(s, 0, sizeof *s);
-    s->factor_dtype = FERRY_DTYPE_NONE;
-    for (size_t i = 0; i < ferry_catalog_count(c); i++) {
-        ferry_tensor_info in;
-        ferry_catalog_tensor(c, i, &in);
-        for (size_t k = 0; k < sizeof a_suffixes / sizeof a_suffixes[0]; k++)
-            if (ends_with(in.name, a_suffixes[k]) && in.ndim >= 2) {
-                int64_t r = in.format == FERRY_FORMAT_GGUF ? in.shape[in.ndim - 1] : in.shape[0];
-                range_add(&s->rank, (double)r);
-                if (s->factor_dtype == FERRY_DTYPE_NONE)
-                    s->factor_dtype = in.dtype;
-            }
-        double a;
-        if (ends_with(in.name, ".alpha") && read_scalar(&in, &a) == 0)
-            range_add(&s->alpha_tensor, a);
-    }
-    for (size_t k = 0; k < sizeof alpha_keys / sizeof alpha_keys[0] && !s->alpha_key; k++) {
-        double a;
-        const char *str;
-        if (ferry_catalog_get_f64(c, alpha_keys[k], &a) == 0) {
-            s->alpha_key = alpha_keys[k];
-            s->alpha = a;
-        } else if (ferry_catalog_get_str(c, alpha_keys[k], &str) == 0) {
-            char *end;
-            a = strtod(str, &end);
-            if (end != str && !*end && isfinite(a)) {
-                s->alpha_key = alpha_keys[k];
-                s->alpha = a;
-            }
-        }
-    }
 }
 
 static int lora_info(int argc, char **argv)
@@ -259,21 +176,12 @@ static int lora_info(int argc, char **argv)
         rc = cli_error("%s", ferry_errmsg(f));
         goto done;
     }
-    adapter_scan s;
-    scan_adapter(c, &s);
+    lora_scan s;
+    lora_scan_adapter(c, &s);
     /* The scales ferry applies at multiplier 1 (alpha / rank, whatever gave alpha). */
-    range scale = {0, 0, 0};
-    if (base) {
-        const ferry_catalog *bc = ferry_catalog_of(f);
-        for (size_t i = 0; i < ferry_catalog_count(bc); i++) {
-            ferry_tensor_info in;
-            ferry_catalog_tensor(bc, i, &in);
-            ferry_tensor *t = ferry_find(f, in.name);
-            ferry_lora_factor fac;
-            for (size_t k = 0; t && ferry_lora_factors(f, t, k, &fac) == 0; k++)
-                range_add(&scale, fac.scale);
-        }
-    }
+    lora_range scale = {0, 0, 0};
+    if (base)
+        lora_scan_scales(f, &scale);
     if (json) {
         cli_json j;
         cli_json_init(&j, stdout);
