@@ -632,7 +632,7 @@ static const char *const strip_prefixes[] = {
 };
 
 /* The one table of llama module names, HF -> GGUF: per layer (inside "model.layers.N." and
- * "blk.N."), and at the top level; the first HF spelling of a GGUF name is the one it maps back to. */
+ * "blk.N."), and at the top level; a GGUF name maps back to its first HF spelling. */
 static const char *const hf_layer_map[][2] = {
     {"self_attn.q_proj", "attn_q"},     {"self_attn.k_proj", "attn_k"},
     {"self_attn.v_proj", "attn_v"},     {"self_attn.o_proj", "attn_output"},

@@ -25,11 +25,12 @@ typedef struct lora_merge_result {
     double seconds;       /* from the start of the write to its finish */
 } lora_merge_result;
 
-/* Writes OUT: BASE with the NAD (1 .. RUNOPTS_MAX_ADAPTERS) adapters AD merged (merge mode, required: a covered weight that
- * cannot take a merge fails), in FMT (FERRY_FORMAT_UNKNOWN: BASE's first file's), metadata and
- * tensor order kept, atomically; OUT may be neither BASE nor an adapter (cli_check_output). A
- * pair that matches nothing is a warning on stderr; an adapter matching nothing fails. A progress
- * bar unless QUIET. Fills *RES; returns 0, or the exit status after printing why. */
+/* Writes OUT: BASE with the NAD (1 .. RUNOPTS_MAX_ADAPTERS) adapters AD merged (merge mode,
+ * required: a covered weight that cannot take a merge fails), in FMT (FERRY_FORMAT_UNKNOWN: the
+ * format of BASE's first file), metadata and tensor order kept, atomically; OUT may be neither
+ * BASE nor an adapter (cli_check_output). A pair that matches nothing is a warning on stderr; an
+ * adapter matching nothing fails. A progress bar unless QUIET. Fills *RES; returns 0, or the
+ * exit status after printing why. */
 int lora_merge_write(const char *base, lora_merge_adapter *ad, int nad, const char *out,
                      ferry_format fmt, int quiet, lora_merge_result *res);
 
