@@ -3,10 +3,10 @@
  * the ferry tool, the tests and bench/ share: option parsing, errors, JSON output and progress
  * (cli.h), the placement options (runopts.h), layer sets (layers.h), synthetic models and
  * adapters (synth.h, gen_lora.h), the machine-limit probes (limits.h), the measuring protocol of
- * `ferry bench` (benchlab.h), the measurements of `ferry demo` (demolab.h), the check of
- * `ferry run --verify` (verify.h), and the merged-model writer and adapter scan of `ferry lora`
- * (lora_merge.h, lora_scan.h). Like the tool it sees only ferry.h; it is not installed. The
- * commands themselves are tools/ferry/.
+ * `ferry bench` (benchlab.h), the measurements of `ferry demo` (demolab.h), the workload of
+ * `ferry run` and its --verify check (workload.h, verify.h), and the merged-model writer and
+ * adapter scan of `ferry lora` (lora_merge.h, lora_scan.h). Like the tool it sees only ferry.h;
+ * it is not installed. The commands themselves are tools/ferry/.
  */
 #ifndef FERRY_TOOLS_H
 #define FERRY_TOOLS_H
@@ -22,5 +22,6 @@
 #include "runopts.h"
 #include "synth.h"
 #include "verify.h"
+#include "workload.h"
 
 #endif

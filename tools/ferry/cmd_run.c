@@ -9,14 +9,8 @@
 
 #include "commands.h"
 #include "layers.h"
-#include "limits.h"
 #include "runopts.h"
-#include "verify.h"
-
-typedef struct pass_stat {
-    double seconds, stall;
-    uint64_t bytes_read;
-} pass_stat;
+#include "workload.h"
 
 int cmd_run(int argc, char **argv)
 {
@@ -65,9 +59,10 @@ int cmd_run(int argc, char **argv)
     int rc = CLI_EXIT_OK;
     layer_set *sets = NULL;
     size_t nsets = 0;
-    float *x = NULL, *y = NULL;
+    workload w;
+    memset(&w, 0, sizeof w);
     char *trace_real = NULL; /* the trace file written: TRACE, or the target of the link TRACE */
-    pass_stat *ps = calloc(passes, sizeof *ps);
+    workload_pass *ps = calloc(passes, sizeof *ps);
     if (!ps || build_sets(f, &sets, &nsets)) {
         rc = CLI_EXIT_FAIL;
         goto out;
@@ -85,74 +80,14 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
     }
-    /* The vector and the result: as long as the longest row and the most rows. */
-    uint64_t max_cols = 1, max_rows = 1;
-    for (size_t s = 0; s < nsets; s++)
-        for (size_t i = 0; i < sets[s].n; i++) {
-            ferry_tensor_info info;
-            ferry_tensor_get_info(sets[s].t[i], &info);
-            max_cols = info.row_elems > max_cols ? info.row_elems : max_cols;
-            max_rows = info.n_rows > max_rows ? info.n_rows : max_rows;
-        }
-    x = malloc(max_cols * sizeof *x);
-    y = malloc(max_rows * sizeof *y);
-    if (!x || !y) {
-        rc = cli_error("out of memory");
+    if ((rc = workload_init(&w, f, sets, nsets)) != 0)
         goto out;
-    }
-    for (uint64_t i = 0; i < max_cols; i++)
-        x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    int compute = (!r.device || strcmp(r.device, "cpu") == 0) && !r.split;
-    int merge_mode = !r.lora_mode || strcmp(r.lora_mode, "merge") == 0;
-    const ferry_catalog *cat = ferry_catalog_of(f);
-    uint64_t model = ferry_catalog_total_bytes(cat);
-    int verify_failed = 0;
-    double checksum = 0;
-    cli_progress bar;
-    cli_progress_start(&bar, "run", passes * nsets, !json && !quiet);
-    for (uint64_t p = 0; p < passes && rc == CLI_EXIT_OK; p++) {
-        for (size_t i = 0; cold && i < ferry_catalog_file_count(ferry_catalog_of(f)); i++)
-            limits_drop_cache(ferry_catalog_file_path(ferry_catalog_of(f), i)); /* best effort */
-        ferry_stats st0, st1;
-        ferry_get_stats(f, &st0);
-        double t0 = ferry_now();
-        for (size_t s = 0; s < nsets && rc == CLI_EXIT_OK; s++) {
-            layer_set *ls = &sets[s];
-            if (ferry_prepare(f, ls->t, ls->n)) {
-                rc = cli_error("%s", ferry_errmsg(f));
-                break;
-            }
-            double c0 = ferry_now();
-            for (size_t i = 0; i < ls->n && compute; i++) {
-                ferry_tensor_info info;
-                ferry_tensor_get_info(ls->t[i], &info);
-                if (info.ndim < 2 || !info.n_rows || !info.row_elems)
-                    continue; /* a vector, or an empty weight: no product to take */
-                if (ferry_matvec(ferry_tensor_dtype(ls->t[i]), ferry_tensor_data(ls->t[i]),
-                                 info.n_rows, info.row_elems, x, y) == 0)
-                    checksum += y[0] + y[info.n_rows - 1];
-            }
-            if (compute)
-                ferry_trace_event(f, "compute", "compute", c0, ferry_now());
-            for (size_t i = 0; i < ls->n && verify; i++) {
-                char why[256];
-                if (!verify_prepared(f, ls->t[i], merge_mode, why, sizeof why)) {
-                    ferry_tensor_info info;
-                    ferry_tensor_get_info(ls->t[i], &info);
-                    fprintf(stderr, "ferry: verify: %s: tensor '%s': %s\n", info.file, info.name,
-                            why);
-                    verify_failed = 1;
-                }
-            }
-            ferry_release(f, ls->t, ls->n);
-            cli_progress_update(&bar, p * nsets + s + 1);
-        }
-        ps[p].seconds = ferry_now() - t0;
-        ferry_get_stats(f, &st1);
-        ps[p].bytes_read = st1.bytes_read - st0.bytes_read;
-        ps[p].stall = st1.wait_seconds - st0.wait_seconds;
-    }
-    cli_progress_end(&bar);
+    int compute = w.compute = (!r.device || strcmp(r.device, "cpu") == 0) && !r.split;
+    w.merge_mode = !r.lora_mode || strcmp(r.lora_mode, "merge") == 0;
+    w.verify = verify;
+    w.cold = cold;
+    uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
+    rc = workload_run(&w, passes, ps, !json && !quiet);
     if (trace)
         ferry_trace_stop(f);
     /* the last layers' compute may have read a file that changed after their prepare */
@@ -207,7 +142,7 @@ int cmd_run(int argc, char **argv)
         cli_json_key(&j, "evictions");
         cli_json_u64(&j, st.evictions);
         cli_json_key(&j, "verify");
-        cli_json_string(&j, !verify ? "off" : verify_failed ? "failed" : "ok");
+        cli_json_string(&j, !verify ? "off" : w.verify_failed ? "failed" : "ok");
         cli_json_end_object(&j);
         cli_json_finish(&j);
     } else {
@@ -228,17 +163,15 @@ int cmd_run(int argc, char **argv)
                (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_misses,
                (unsigned long long)st.evictions);
         if (verify)
-            printf("verify: %s\n", verify_failed ? "FAILED" : "ok");
+            printf("verify: %s\n", w.verify_failed ? "FAILED" : "ok");
     }
-    if (verify_failed)
+    if (w.verify_failed)
         rc = CLI_EXIT_FAIL;
-    (void)checksum;
 out:
     free_sets(sets);
     free(trace_real);
     free(ps);
-    free(x);
-    free(y);
+    workload_free(&w);
     ferry_destroy(f);
     return rc;
 }
