@@ -13,7 +13,7 @@
 
 #define SEEN_MAX 16 /* distinct files remembered per call; more are checked again, not skipped */
 
-int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too)
+int ferry__check_tensors(ferry_tensor *const *ts, size_t n, int path_too, ferry__err *e)
 {
     const ferry__iofile *seen[SEEN_MAX];
     size_t nseen = 0;
@@ -28,34 +28,28 @@ int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_t
             continue;
         if (nseen < SEEN_MAX)
             seen[nseen++] = file;
-        ferry__err e = {0};
-        int rc = ferry__iofile_check(file, path_too, &e);
+        ferry__err_clear(e);
+        int rc = ferry__iofile_check(file, path_too, e);
         if (rc) {
-            ferry__fail_prefix(&e, "tensor '%s': ", ts[i]->info.name);
-            pthread_mutex_lock(&f->lock);
-            f->err = e;
-            pthread_mutex_unlock(&f->lock);
+            ferry__fail_prefix(e, "tensor '%s': ", ts[i]->info.name);
             return rc;
         }
     }
     return 0;
 }
 
-int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n)
+int ferry__check_after_eio(ferry_tensor *const *ts, size_t n, ferry__err *e)
 {
-    ferry__err first = {0};
-    pthread_mutex_lock(&f->lock);
-    first = f->err;
-    pthread_mutex_unlock(&f->lock);
-    if (!ferry__check_tensors(f, ts, n, FERRY__PATH_NONE))
-        return FERRY_EIO;
-    pthread_mutex_lock(&f->lock);
-    ferry__err why = f->err;
-    f->err = first;
-    f->err.code = FERRY_ECHANGED;
-    ferry__fail_append(&f->err, 0, "%s", why.msg);
-    pthread_mutex_unlock(&f->lock);
-    return FERRY_ECHANGED;
+    ferry__err *why = malloc(sizeof *why);
+    if (!why)
+        return FERRY_EIO; /* the read's own failure stands */
+    int changed = ferry__check_tensors(ts, n, FERRY__PATH_NONE, why) != 0;
+    if (changed && e) {
+        e->code = FERRY_ECHANGED;
+        ferry__fail_append(e, 0, "%s", why->msg);
+    }
+    free(why);
+    return changed ? FERRY_ECHANGED : FERRY_EIO;
 }
 
 int ferry_check_files(ferry *f)
@@ -69,19 +63,14 @@ int ferry_check_files(ferry *f)
         files[i] = ferry__catalog_file(f->cat, i);
     pthread_mutex_unlock(&f->lock);
     if (!files)
-        return ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
     int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        ferry__err e = {0};
-        rc = ferry__iofile_check(files[i], FERRY__PATH_ALWAYS, &e);
-        if (rc) {
-            pthread_mutex_lock(&f->lock);
-            f->err = e;
-            pthread_mutex_unlock(&f->lock);
-        }
-    }
+    ferry__err e[1];
+    ferry__err_clear(e);
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = ferry__iofile_check(files[i], FERRY__PATH_ALWAYS, e);
     free(files);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t n, void *dst)
@@ -89,24 +78,21 @@ int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64
     if (!f || !t || (n && !dst) || t->owner != f)
         return FERRY_EINVAL;
     if (!t->file)
-        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s' has no file", t->info.name);
+        return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s' has no file", t->info.name);
     if (off > t->info.nbytes || n > t->info.nbytes - off)
-        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': file bytes [%llu, %llu) of %llu",
+        return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': file bytes [%llu, %llu) of %llu",
                                 t->info.name, (unsigned long long)off,
                                 (unsigned long long)(off + n),
                                 (unsigned long long)t->info.nbytes);
     /* the bytes of the file ferry opened: a path renamed over does not change them */
     ferry_tensor *const one[1] = {(ferry_tensor *)t};
-    int rc = ferry__check_tensors(f, one, 1, FERRY__PATH_NONE);
+    ferry__err e[1];
+    ferry__err_clear(e);
+    int rc = ferry__check_tensors(one, 1, FERRY__PATH_NONE, e);
     if (rc)
-        return rc;
-    ferry__err e = {0};
-    rc = ferry__io_read(t->file, t->info.offset + off, n, dst, FERRY_LOAD_READ, &e);
-    if (rc) {
-        ferry__fail_prefix(&e, "tensor '%s': ", t->info.name);
-        pthread_mutex_lock(&f->lock);
-        f->err = e;
-        pthread_mutex_unlock(&f->lock);
-    }
-    return rc;
+        return ferry__publish(f, rc, e);
+    rc = ferry__io_read(t->file, t->info.offset + off, n, dst, FERRY_LOAD_READ, e);
+    if (rc)
+        ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
+    return ferry__publish(f, rc, e);
 }

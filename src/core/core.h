@@ -152,6 +152,8 @@ struct ferry_tensor {
     int fenced;               /* of refs: releases waiting on an engine event (fence.c) */
     int canceling;            /* a cancelled load is dropping its queued jobs (prepare.c) */
     uint64_t load_gen;        /* bumped each time a job is queued for it */
+    char *fail_msg;           /* the last failed demand load's message (owned; NULL: none), for
+                                 the prepare that waits on it to report */
 
     /* split placement: a parent has parts (its own copies stay empty); a part has a parent,
      * its rows start at row_base, and it is computed on dev_override */
@@ -222,6 +224,7 @@ struct ferry_event {
     int pending;                  /* loads may still run; the set is held */
     int status;                   /* once settled: 0, or the failure (the set then released) */
     ferry_tensor **ts, **u;       /* the caller's set and its residency units (owned copies) */
+    char *fail_msg;               /* once settled with a failure: its message (owned) */
     size_t n, nu;
 };
 
@@ -236,9 +239,8 @@ struct ferry {
     pthread_mutex_t lock;
     pthread_cond_t cond;      /* a tensor changed state, a job finished */
     pthread_cond_t work;      /* a job was queued, or closing */
-    ferry__err err;
-    char *long_msg;           /* ferry_validate's whole report (err.msg holds what fits) */
-    size_t long_msg_len;
+    uint64_t serial;          /* unique among all managers ever created: keys each thread's
+                                 last failure (fail.c), never reused */
     ferry_options opt;
 
     ferry_catalog *cat;
@@ -305,7 +307,7 @@ static inline int ferry__transformed(const ferry_tensor *t)
 /* lora_glue.c */
 /* Sets t->merge from the adapter set, mode and dtype; FERRY_ELORA when a required adapter cannot
  * be merged into T. Lock held. */
-int ferry__lora_decide(ferry *f, ferry_tensor *t);
+int ferry__lora_decide(ferry *f, ferry_tensor *t, ferry__err *e);
 /* Snapshots T's terms into J (merge mode). Lock held. */
 int ferry__lora_snapshot(ferry *f, ferry_tensor *t, ferry__job *j);
 /* Frees adapters that were removed once no job runs. Lock held. */
@@ -317,7 +319,7 @@ void ferry__trace_add(ferry *f, const char *name, const char *cat, double t0, do
 /* NAME is FMT with one %s replaced by ARG (copied). */
 void ferry__trace_addf(ferry *f, const char *cat, double t0, double t1, const char *fmt,
                        const char *arg);
-int ferry__trace_write(ferry *f, ferry__trace *tr);
+int ferry__trace_write(ferry__trace *tr, ferry__err *e);
 void ferry__trace_free(ferry__trace *tr);
 static inline int ferry__tracing(const ferry *f)
 {
@@ -331,7 +333,7 @@ int ferry__register(ferry *f, ferry_tensor *t);
 /* Decides the placement of T from its policy and size alone (never from the load mode for
  * laziness, never from whether this is a dry run). Fills t->lazy, zero_copy, compute_dev,
  * out_dtype, out_bytes. */
-int ferry__decide(ferry *f, ferry_tensor *t);
+int ferry__decide(ferry *f, ferry_tensor *t, ferry__err *e);
 /* Bytes a host buffer for T's data takes (headroom for direct I/O included). */
 uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted);
 /* Bytes a device (non-host) copy of T takes. */
@@ -342,15 +344,16 @@ int ferry__compute_device_of(const ferry *f, const ferry_tensor *t);
 /* Whether T is ignored by the patterns (without deciding its placement). */
 int ferry__is_ignored(const ferry *f, const ferry_tensor *t);
 /* Fixes T's group, ignore/optional flags and placement (no-op when already bound). */
-int ferry__bind(ferry *f, ferry_tensor *t);
+int ferry__bind(ferry *f, ferry_tensor *t, ferry__err *e);
 /* After a rule change: unbinds every unused tensor; with CHECK_ONLY, fails with FERRY_EBUSY
  * when a used tensor would change group. */
-int ferry__rebind_all(ferry *f, int check_only);
+int ferry__rebind_all(ferry *f, int check_only, ferry__err *e);
 
 /* memory.c — budgets and pools; called with the lock held */
-int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t for_distance, ferry__mem *out);
+int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t for_distance, ferry__mem *out,
+                  ferry__err *e);
 /* Counts SIZE bytes against DEV's budget without memory behind them (cached LoRA factors). */
-int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out);
+int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out, ferry__err *e);
 
 /* arena.c — a group load's private host copies of neighbouring tensors of one file share one
  * mapping, laid out as in the file, read as whole ranges of the file while a toucher thread
@@ -438,36 +441,50 @@ void ferry__shrink(ferry *f, int dev);
  * (home copies) and the largest single copy staged beside them, STAGED bytes (tensor NAME, may be
  * NULL), must fit its budget, since reserve can evict only cached copies. 0, or FERRY_EBUDGET with
  * the device, the budget, both sizes and the shortfall in the message. */
-int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name);
+int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name,
+                        ferry__err *e);
 
 /* expect.c */
-/* Checks T's expectation, writing the problems into f->err; 0 when it fits (f->err untouched). */
-int ferry__check_expect(ferry *f, const ferry_tensor *t);
+/* Checks T's expectation, writing the problems into E; 0 when it fits (E untouched). */
+int ferry__check_expect(const ferry_tensor *t, ferry__err *e);
 
-/* fail.c */
-/* ferry__fail on f->err taking the lock (for calls that run without it). */
-int ferry__fail_lock(ferry *f, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* fail.c — each thread's last failure per manager. Internal functions fail into a ferry__err
+ * out-parameter; the public call publishes it to the calling thread's slot for F. No lock needed. */
+/* Gives a new manager its serial; FERRY_ENOMEM when it cannot be registered. */
+int ferry__serial_register(uint64_t *serial);
+/* The manager SERIAL is gone: its serial is no longer live, the calling thread's slot is freed. */
+void ferry__serial_unregister(uint64_t serial);
+/* With CODE < 0: makes E (NULL, or no message: ferry_strerror(CODE)) the calling thread's last
+ * failure on F. Returns CODE; CODE 0 publishes nothing. */
+int ferry__publish(const ferry *f, int code, const ferry__err *e);
+/* ferry__publish with a whole report LONG_MSG (owned, freed here; may be NULL) of which e->msg
+ * holds what fits. */
+int ferry__publish_long(const ferry *f, int code, const ferry__err *e, char *long_msg,
+                        size_t long_len);
+/* Formats a message and publishes it as the calling thread's failure on F; returns CODE. */
+int ferry__fail_thread(const ferry *f, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* changes.c */
 /* Checks the files of TS (each once) against what was opened (PATH_TOO, FERRY__PATH_*: and what
- * their paths name now); FERRY_ECHANGED in f->err naming the file when one changed. Lock not
+ * their paths name now); FERRY_ECHANGED in E naming the file when one changed. Lock not
  * held. */
-int ferry__check_tensors(ferry *f, ferry_tensor *const *ts, size_t n, int path_too);
+int ferry__check_tensors(ferry_tensor *const *ts, size_t n, int path_too, ferry__err *e);
 /* After a load of TS failed with FERRY_EIO: FERRY_ECHANGED, with what changed appended to the
- * failure's message, when one of their files changed; else FERRY_EIO (message untouched). */
-int ferry__check_after_eio(ferry *f, ferry_tensor *const *ts, size_t n);
+ * failure's message in E, when one of their files changed; else FERRY_EIO (E untouched). */
+int ferry__check_after_eio(ferry_tensor *const *ts, size_t n, ferry__err *e);
 
 /* prepare.c */
 /* The first half of a prepare: checks TS, takes the references, records the access. *OUT: the
  * residency units (TS itself unless something is split; else malloc'd). Lock held. */
 int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out,
-                         size_t *nout);
+                         size_t *nout, ferry__err *e);
 /* Drops what prepare_begin took (a failed prepare). Lock held. */
 void ferry__prepare_undo(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
                          size_t nu);
 /* The second half: waits until every unit is READY (undoing the references on failure). */
 int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
-                          size_t nu);
+                          size_t nu, ferry__err *e);
 /* Queues the loads of units not loading yet, without waiting; failures are left for the wait. */
 void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu);
 /* 1 when every unit is READY, 0 while some load runs (and none needs queuing), -1 when one needs

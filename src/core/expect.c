@@ -49,12 +49,12 @@ static int check_expect(ferry__err *rep, const ferry_tensor *t, int append)
     return rc;
 }
 
-int ferry__check_expect(ferry *f, const ferry_tensor *t)
+int ferry__check_expect(const ferry_tensor *t, ferry__err *e)
 {
     if (!t->has_expect || !check_expect(NULL, t, 0))
         return 0;
-    ferry__err_clear(&f->err);
-    return check_expect(&f->err, t, 1);
+    ferry__err_clear(e);
+    return check_expect(e, t, 1);
 }
 
 int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
@@ -62,6 +62,8 @@ int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
 {
     if (!f || !name || ndim > FERRY_MAX_DIMS || (ndim && !shape))
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     int64_t i = ferry_catalog_find(f->cat, name);
@@ -89,37 +91,35 @@ int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
         char *copy = ferry__strdup(name);
         if (!names || !recs || !copy) {
             free(copy);
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
         names[f->n_missing] = copy;
         mi = f->n_missing++;
         if (ferry__hmap_put(&f->expected_missing, copy, mi, NULL)) {
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
     }
-    ferry__expect_rec *e = &f->missing_expect[mi];
-    e->dtype = dtype;
-    e->ndim = ndim;
-    memset(e->shape, 0, sizeof e->shape);
+    ferry__expect_rec *x = &f->missing_expect[mi];
+    x->dtype = dtype;
+    x->ndim = ndim;
+    memset(x->shape, 0, sizeof x->shape);
     if (ndim)
-        memcpy(e->shape, shape, ndim * sizeof *shape);
+        memcpy(x->shape, shape, ndim * sizeof *shape);
 out:
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_validate(ferry *f)
 {
     if (!f)
         return FERRY_EINVAL;
-    pthread_mutex_lock(&f->lock);
     ferry__err *rep = malloc(sizeof *rep);
-    if (!rep) {
-        pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
-    }
+    if (!rep)
+        return ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
+    pthread_mutex_lock(&f->lock);
     ferry__err_clear(rep);
     ferry__buf long_rep = {0};
     for (size_t i = 0; i < f->n_tensors; i++) {
@@ -127,9 +127,9 @@ int ferry_validate(ferry *f)
         if (t->removed)
             continue;
         ferry__err one = {0};
-        int rc = ferry__bind(f, t);
+        int rc = ferry__bind(f, t, &one);
         if (rc)
-            ferry__fail_append(&one, rc, "%s", f->err.msg);
+            one.code = rc;
         else if (!t->ignored)
             check_expect(&one, t, 1);
         if (one.code) {
@@ -153,12 +153,13 @@ int ferry_validate(ferry *f)
                               long_rep.len ? "\n" : "", name);
         }
     }
-    f->err = *rep;
-    free(rep);
-    int rc = f->err.code;
-    free(f->long_msg);
-    f->long_msg = long_rep.p; /* the whole report, when it did not fit the error buffer */
-    f->long_msg_len = long_rep.len;
     pthread_mutex_unlock(&f->lock);
+    int rc = rep->code;
+    /* the whole report goes with it, when it did not fit the error buffer */
+    int fits = long_rep.len < sizeof rep->msg;
+    if (fits)
+        free(long_rep.p);
+    ferry__publish_long(f, rc, rep, fits ? NULL : long_rep.p, long_rep.len);
+    free(rep);
     return rc;
 }

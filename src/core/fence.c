@@ -22,6 +22,7 @@ void ferry__event_unref(ferry_event *ev)
             f->devs[d].d->ops->event_destroy(f->devs[d].d, ev->h[d]);
     free(ev->ts);
     free(ev->u);
+    free(ev->fail_msg);
     free(ev);
 }
 

@@ -264,10 +264,11 @@ void ferry__job_recycle(ferry *f, ferry__job *j)
 /* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only
  * cached copies used later than this may be evicted for it (prefetch); 0 for demand loads.
  * Lock held. Returns 0 (queued or nothing to do) or FERRY_EBUDGET / FERRY_ENOMEM. */
-int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist)
+int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist,
+                   ferry__err *e)
 {
     if (f->closing)
-        return ferry__fail(&f->err, FERRY_ECANCELED, "manager is closing");
+        return ferry__fail(e, FERRY_ECANCELED, "manager is closing");
     int fill = ferry__needs(f, t, home_only);
     if (t->populating)
         fill &= ~FILL_POPULATE; /* one populate job at a time */
@@ -276,14 +277,14 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     ferry__mem hm = {0}, cm = {0};
     int rc = 0, host_refused = 0;
     if (fill & FILL_HOST) {
-        rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), min_dist, &hm);
+        rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), min_dist, &hm, e);
         host_refused = rc == FERRY_EBUDGET;
     }
     if (!rc && (fill & FILL_COMP)) {
         int dev = t->comp.dev;
         uint64_t size = ferry__host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
                                           : ferry__dev_alloc_size(t);
-        rc = ferry__reserve(f, dev, size, min_dist, &cm);
+        rc = ferry__reserve(f, dev, size, min_dist, &cm, e);
         host_refused = rc == FERRY_EBUDGET && ferry__host_side(f, dev);
     }
     ferry__job *j = rc ? NULL : job_new(f);
@@ -294,20 +295,19 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     if (host_refused && t->auto_private) {
         /* load AUTO chose a private copy because the bytes are not cached, and the host budget
          * has no room for it: the mapping serves it as it would have, cached or not */
-        f->err.code = 0;
-        f->err.msg[0] = 0;
+        ferry__err_clear(e);
         ferry__unreserve(f, FERRY__HOST, &hm);
         if (fill & FILL_HOST)
             t->host.permanent = 0;
         t->auto_private = 0;
         t->zero_copy = 1;
-        return ferry__enqueue(f, t, home_only, prefetch, min_dist);
+        return ferry__enqueue(f, t, home_only, prefetch, min_dist, e);
     }
     if (rc || !j) {
         if (!rc)
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory queuing a load");
+            rc = ferry__fail(e, FERRY_ENOMEM, "out of memory queuing a load");
         else if (!prefetch)
-            ferry__fail_append(&f->err, 0, "while loading tensor '%s' (%llu bytes)",
+            ferry__fail_append(e, 0, "while loading tensor '%s' (%llu bytes)",
                                t->info.name, (unsigned long long)t->out_bytes);
         ferry__unreserve(f, FERRY__HOST, &hm);
         ferry__unreserve(f, t->comp.dev, &cm);
@@ -354,10 +354,7 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
     ferry_tensor *t = f->all[id];
     if (!t->bound) {
         /* unbound since an adapter or rule change: decide before queuing anything */
-        ferry__err saved = f->err;
-        int brc = ferry__bind(f, t->parent ? t->parent : t);
-        f->err = saved;
-        if (brc)
+        if (ferry__bind(f, t->parent ? t->parent : t, NULL))
             return FERRY__PF_SKIP;
     }
     if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||
@@ -374,9 +371,8 @@ static int pf_queue(void *ctx, uint32_t id, size_t k)
 {
     ferry *f = ctx;
     unsigned before = f->inflight_prefetch;
-    ferry__err saved = f->err;
-    int rc = ferry__enqueue(f, f->all[id], 0, 1, k);
-    f->err = saved; /* a hint that does not fit is no error */
+    /* a hint that does not fit is no error */
+    int rc = ferry__enqueue(f, f->all[id], 0, 1, k, NULL);
     return rc ? -1 : f->inflight_prefetch > before;
 }
 
@@ -424,11 +420,8 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         /* The mapping works without it: a failed populate leaves the pages to fault in. */
         t->populating = 0;
         t->populated = 1;
-        if (fill == FILL_POPULATE) {
-            if (rc && !f->err.code)
-                f->err = *e;
+        if (fill == FILL_POPULATE)
             return;
-        }
     }
     if (rc) {
         if (fill & FILL_COMP) {
@@ -442,8 +435,10 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         }
         /* A prefetch's failure is no one's error unless a prepare waits for it (then the
          * prepare retries it as its own load). */
-        if (!j->prefetch)
-            f->err = *e;
+        if (!j->prefetch) {
+            free(t->fail_msg);
+            t->fail_msg = ferry__strdup(e->msg);
+        }
     } else {
         if (fill & FILL_HOST)
             ferry__copy_ready(f, t, &t->host);

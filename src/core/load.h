@@ -78,12 +78,15 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 int ferry__needs(ferry *f, ferry_tensor *t, int home_only);
 /* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only
  * cached copies used later than this may be evicted for it (prefetch); 0 for demand loads.
- * Returns 0 (queued or nothing to do) or FERRY_EBUDGET / FERRY_ENOMEM. */
-int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist);
+ * Returns 0 (queued or nothing to do) or FERRY_EBUDGET / FERRY_ENOMEM, the detail in E (may be
+ * NULL: a hint's failure is nobody's error). */
+int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist,
+                   ferry__err *e);
 /* Queues prefetches of what the schedule says comes next (sched/prefetch.h). */
 void ferry__prefetch_ahead(ferry *f);
 void ferry__job_recycle(ferry *f, ferry__job *j);
-/* Settles job J's copies after it ran: READY, or EMPTY with RC and E's message. */
+/* Settles job J's copies after it ran: READY, or EMPTY with RC, E's message kept in the tensor
+ * (fail_msg) for the prepare that waits on it. */
 void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e);
 /* With LOCK, mlocks LEN bytes of C (policy.lock), counting what it could not. */
 void ferry__lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len);
@@ -93,7 +96,7 @@ void ferry__drop_if_unkept(ferry *f, ferry_tensor *t);
 void ferry__release_one(ferry *f, ferry_tensor *t);
 
 /* prepare.c — lock held */
-/* 0 when T may be prepared or read; else the error, in f->err. */
-int ferry__usable(ferry *f, ferry_tensor *t);
+/* 0 when T may be prepared or read; else the error, in E (may be NULL). */
+int ferry__usable(ferry *f, ferry_tensor *t, ferry__err *e);
 
 #endif

@@ -27,12 +27,12 @@ static ferry__adapter_slot *slot_by_id(ferry *f, int id)
 }
 
 /* Recomputes every weight's terms from the active adapters and deals with stale copies. */
-static int apply_set_change(ferry *f)
+static int apply_set_change(ferry *f, ferry__err *e)
 {
     f->lora_epoch++;
     uint8_t *had = calloc(f->n_tensors ? f->n_tensors : 1, 1);
     if (!had)
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         had[i] = t->n_terms > 0 || t->comp.merged || t->merge;
@@ -55,7 +55,7 @@ static int apply_set_change(ferry *f)
             ferry_tensor *t = f->tensors[ti];
             ferry__lora_term *terms = realloc(t->terms, (t->n_terms + 1) * sizeof *terms);
             if (!terms) {
-                rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+                rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
                 break;
             }
             t->terms = terms;
@@ -76,7 +76,7 @@ static int apply_set_change(ferry *f)
                 continue;
             c->terms = malloc(t->n_terms * sizeof *c->terms);
             if (!c->terms) {
-                rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+                rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
                 break;
             }
             memcpy(c->terms, t->terms, t->n_terms * sizeof *c->terms);
@@ -111,7 +111,7 @@ static int apply_set_change(ferry *f)
     return rc;
 }
 
-int ferry__lora_decide(ferry *f, ferry_tensor *t)
+int ferry__lora_decide(ferry *f, ferry_tensor *t, ferry__err *e)
 {
     t->merge = 0;
     if (!t->n_terms || f->lora_mode != FERRY_LORA_MERGE)
@@ -123,7 +123,7 @@ int ferry__lora_decide(ferry *f, ferry_tensor *t)
     for (size_t k = 0; k < t->n_terms; k++) {
         ferry__adapter_slot *sl = &f->adapters[t->terms[k].slot];
         if (sl->required)
-            return ferry__fail(&f->err, FERRY_ELORA,
+            return ferry__fail(e, FERRY_ELORA,
                                "%s: tensor '%s' (%s%s) cannot take a merge of required adapter %s",
                                t->info.file, t->info.name, ferry_dtype_name(t->out_dtype),
                                t->lazy ? ", lazy" : "", sl->a->path);
@@ -196,7 +196,7 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
         o = *opt;
     ferry__err *e = calloc(1, sizeof *e);
     if (!e)
-        return FERRY_ENOMEM;
+        return ferry__publish(f, FERRY_ENOMEM, NULL);
     ferry__adapter *a = NULL;
     int rc = ferry__adapter_open(path, &a, e);
     if (!rc) {
@@ -213,19 +213,17 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
         bytes += ferry__lora_pair_bytes(&a->pairs[k]);
     }
     pthread_mutex_lock(&f->lock);
-    if (rc) {
-        f->err = *e;
+    if (rc)
         goto fail;
-    }
     ferry__mem held = {0};
-    if ((rc = ferry__reserve_bytes(f, FERRY__HOST, bytes, &held)) != 0) {
-        ferry__fail_append(&f->err, 0, "while caching the factors of adapter %s", path);
+    if ((rc = ferry__reserve_bytes(f, FERRY__HOST, bytes, &held, e)) != 0) {
+        ferry__fail_append(e, 0, "while caching the factors of adapter %s", path);
         goto fail;
     }
     ferry__adapter_slot *slots = realloc(f->adapters, (f->n_adapters + 1) * sizeof *slots);
     if (!slots) {
         ferry__unreserve(f, FERRY__HOST, &held);
-        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto fail;
     }
     f->adapters = slots;
@@ -248,13 +246,15 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
     f->n_adapters++;
     if (id)
         *id = sl->id;
-    rc = apply_set_change(f);
+    rc = apply_set_change(f, e);
     pthread_mutex_unlock(&f->lock);
+    ferry__publish(f, rc, e);
     free(e);
     return rc;
 fail:
     pthread_mutex_unlock(&f->lock);
     ferry__adapter_close(a);
+    ferry__publish(f, rc, e);
     free(e);
     return rc;
 }
@@ -263,19 +263,21 @@ int ferry_lora_set_multiplier(ferry *f, int id, float multiplier)
 {
     if (!f || !isfinite(multiplier))
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     ferry__adapter_slot *sl = slot_by_id(f, id);
     int rc;
     if (!sl) {
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no adapter %d", id);
+        rc = ferry__fail(e, FERRY_ENOENT, "no adapter %d", id);
     } else if (sl->multiplier == multiplier) {
         rc = 0;
     } else {
         sl->multiplier = multiplier;
-        rc = apply_set_change(f);
+        rc = apply_set_change(f, e);
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 static void remove_slot(ferry *f, ferry__adapter_slot *sl)
@@ -288,24 +290,28 @@ int ferry_lora_remove(ferry *f, int id)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     ferry__adapter_slot *sl = slot_by_id(f, id);
     int rc;
     if (!sl) {
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no adapter %d", id);
+        rc = ferry__fail(e, FERRY_ENOENT, "no adapter %d", id);
     } else {
         remove_slot(f, sl);
-        rc = apply_set_change(f);
+        rc = apply_set_change(f, e);
         ferry__lora_sweep(f);
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_lora_clear(ferry *f)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int any = 0;
     for (size_t s = 0; s < f->n_adapters; s++)
@@ -313,24 +319,26 @@ int ferry_lora_clear(ferry *f)
             remove_slot(f, &f->adapters[s]);
             any = 1;
         }
-    int rc = any ? apply_set_change(f) : 0;
+    int rc = any ? apply_set_change(f, e) : 0;
     ferry__lora_sweep(f);
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_lora_set_mode(ferry *f, ferry_lora_mode mode)
 {
     if (!f || (mode != FERRY_LORA_MERGE && mode != FERRY_LORA_RUNTIME))
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     if (f->lora_mode != mode) {
         f->lora_mode = mode;
-        rc = apply_set_change(f);
+        rc = apply_set_change(f, e);
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 uint64_t ferry_lora_epoch(const ferry *f)
@@ -349,11 +357,13 @@ int ferry_lora_get_info(const ferry *f, int id, ferry_lora_info *out)
     if (!f || !out)
         return FERRY_EINVAL;
     ferry *m = (ferry *)f;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&m->lock);
     ferry__adapter_slot *sl = slot_by_id(m, id);
     int rc = 0;
     if (!sl) {
-        rc = ferry__fail(&m->err, FERRY_ENOENT, "no adapter %d", id);
+        rc = ferry__fail(e, FERRY_ENOENT, "no adapter %d", id);
     } else {
         memset(out, 0, sizeof *out);
         out->path = sl->a->path;
@@ -368,7 +378,7 @@ int ferry_lora_get_info(const ferry *f, int id, ferry_lora_info *out)
         out->factor_bytes = sl->factors.size;
     }
     pthread_mutex_unlock(&m->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_lora_factors(ferry *f, ferry_tensor *t, size_t i, ferry_lora_factor *out)

@@ -41,7 +41,7 @@ static uint64_t host_default_budget(uint64_t held)
 
 /* FERRY_EBUDGET when BYTES is above what device DEV can ever hold (its capacity; on the host, its
  * RAM or the memory cgroup's limit), naming both; 0 otherwise or when the device cannot say. */
-static int check_capacity(ferry *f, int dev, uint64_t bytes)
+static int check_capacity(ferry *f, int dev, uint64_t bytes, ferry__err *e)
 {
     ferry_device *d = f->devs[dev].d;
     const char *dname = f->devs[dev].p.name;
@@ -51,10 +51,10 @@ static int check_capacity(ferry *f, int dev, uint64_t bytes)
         if (ferry__host_room_probe(&r) || !r.total || bytes <= r.total)
             return 0;
         if (r.cg_limit == r.total)
-            return ferry__fail(&f->err, FERRY_EBUDGET,
+            return ferry__fail(e, FERRY_EBUDGET,
                                "%s: a host budget of %s is above the memory cgroup's limit of %s",
                                dname, ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
-        return ferry__fail(&f->err, FERRY_EBUDGET,
+        return ferry__fail(e, FERRY_EBUDGET,
                            "%s: a host budget of %s is above the host's memory of %s", dname,
                            ferry__fmt_size(bytes, b1), ferry__fmt_size(r.total, b2));
     }
@@ -62,7 +62,7 @@ static int check_capacity(ferry *f, int dev, uint64_t bytes)
     if (!FERRY_DEVICE_HAS(d->ops, mem_info) || d->ops->mem_info(d, &free_b, &total) || !total ||
         bytes <= total)
         return 0;
-    return ferry__fail(&f->err, FERRY_EBUDGET,
+    return ferry__fail(e, FERRY_EBUDGET,
                        "%s: a budget of %s is above the device's capacity of %s", dname,
                        ferry__fmt_size(bytes, b1), ferry__fmt_size(total, b2));
 }
@@ -85,6 +85,8 @@ ferry *ferry_create(const ferry_options *opt)
     pthread_cond_init(&f->cond, NULL);
     pthread_cond_init(&f->work, NULL);
     pthread_rwlock_init(&f->trace_lock, NULL);
+    if (ferry__serial_register(&f->serial))
+        goto fail;
     char msg[256];
     ferry_device *cpu = NULL;
     f->cat = ferry_catalog_create();
@@ -93,7 +95,7 @@ ferry *ferry_create(const ferry_options *opt)
     f->devs[0].d = cpu;
     ferry_device_props_get(cpu, &f->devs[0].p);
     f->n_devs = 1;
-    if (f->opt.host_budget && check_capacity(f, FERRY__HOST, f->opt.host_budget))
+    if (f->opt.host_budget && check_capacity(f, FERRY__HOST, f->opt.host_budget, NULL))
         goto fail;
     f->devs[0].budget = f->opt.host_budget ? f->opt.host_budget : host_default_budget(0);
     /* pool and huge pages only under a budget given: a default run most often loads its copies
@@ -126,7 +128,7 @@ void ferry_destroy(ferry *f)
     }
     ferry__loaders_stop(f);
     if (f->trace) {
-        ferry__trace_write(f, f->trace);
+        ferry__trace_write(f->trace, NULL);
         ferry__trace_free(f->trace);
         f->trace = NULL;
     }
@@ -139,6 +141,7 @@ void ferry_destroy(ferry *f)
         ferry__drop_copy(f, t, &t->host);
         free(t->parts);
         free(t->own_name);
+        free(t->fail_msg);
         free(t);
     }
     free(f->all);
@@ -165,35 +168,26 @@ void ferry_destroy(ferry *f)
         free(f->missing_names[i]);
     free(f->missing_names);
     free(f->missing_expect);
-    free(f->long_msg);
     ferry__sched_free(&f->sched);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
     pthread_rwlock_destroy(&f->trace_lock);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
+    ferry__serial_unregister(f->serial);
     free(f);
-}
-
-const char *ferry_errmsg(const ferry *f)
-{
-    if (!f)
-        return "no manager";
-    /* validate's full report, while the error buffer still holds its (cut) beginning */
-    size_t n = strlen(f->err.msg);
-    if (f->long_msg && f->long_msg_len > n && n && strncmp(f->long_msg, f->err.msg, n) == 0)
-        return f->long_msg;
-    return f->err.msg;
 }
 
 /* Adds D (its table checked, its properties P read) to F. OWNED: D was opened here, so it is
  * closed on failure; a caller's device stays the caller's (ferry_device.h's rule). */
 static int add_device(ferry *f, ferry_device *d, const ferry_device_props *p, int owned, int *id)
 {
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     if (f->n_devs >= FERRY_MAX_DEVICES) {
-        rc = ferry__fail(&f->err, FERRY_ELIMIT, "%s: at most %d devices", p->name,
+        rc = ferry__fail(e, FERRY_ELIMIT, "%s: at most %d devices", p->name,
                          FERRY_MAX_DEVICES);
     } else {
         int n = f->n_devs;
@@ -212,7 +206,7 @@ static int add_device(ferry *f, ferry_device *d, const ferry_device_props *p, in
     pthread_mutex_unlock(&f->lock);
     if (rc && owned)
         ferry_device_close(d);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_add_device(ferry *f, const char *spec, int *id)
@@ -223,7 +217,7 @@ int ferry_add_device(ferry *f, const char *spec, int *id)
     ferry_device *d = NULL;
     int rc = ferry_device_open(spec, &d, msg, sizeof msg);
     if (rc)
-        return ferry__fail_lock(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+        return ferry__fail_thread(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
     ferry_device_props p;
     ferry_device_props_get(d, &p);
     return add_device(f, d, &p, 1, id);
@@ -237,19 +231,21 @@ int ferry_set_host_device(ferry *f, const char *spec)
     ferry_device *d = NULL;
     int rc = ferry_device_open(spec, &d, msg, sizeof msg);
     if (rc)
-        return ferry__fail_lock(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+        return ferry__fail_thread(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
     ferry_device_props p;
     ferry_device_props_get(d, &p);
     if (!p.host_accessible) {
         ferry_device_close(d);
-        return ferry__fail_lock(f, FERRY_EINVAL, "%s: the host device must be host-accessible",
+        return ferry__fail_thread(f, FERRY_EINVAL, "%s: the host device must be host-accessible",
                                 spec);
     }
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     ferry__dev *H = &f->devs[FERRY__HOST];
     ferry_device *old = NULL;
     if (f->n_devs != 1 || ferry_catalog_count(f->cat) != 0 || H->used != 0 || H->n_pool != 0) {
-        rc = ferry__fail(&f->err, FERRY_EBUSY,
+        rc = ferry__fail(e, FERRY_EBUSY,
                          "%s: the host device can only be replaced on a fresh manager (no file "
                          "opened, no other device, nothing held)", spec);
     } else {
@@ -260,7 +256,7 @@ int ferry_set_host_device(ferry *f, const char *spec)
     }
     pthread_mutex_unlock(&f->lock);
     ferry_device_close(rc ? d : old);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
@@ -270,21 +266,21 @@ int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
     char msg[256];
     int rc = ferry_device_check(d, msg, sizeof msg);
     if (rc)
-        return ferry__fail_lock(f, rc, "ferry_add_device_custom: %s", msg);
+        return ferry__fail_thread(f, rc, "ferry_add_device_custom: %s", msg);
     ferry_device_props p;
     rc = ferry_device_props_get(d, &p);
     if (rc) {
         char why[256];
-        return ferry__fail_lock(f, rc, "ferry_add_device_custom: the device's props failed: %s",
+        return ferry__fail_thread(f, rc, "ferry_add_device_custom: the device's props failed: %s",
                                 ferry__device_errmsg(d, why, sizeof why)[0] ? why
                                                                             : ferry_strerror(rc));
     }
     if (!p.alignment || (p.alignment & (p.alignment - 1)))
-        return ferry__fail_lock(f, FERRY_EINVAL,
+        return ferry__fail_thread(f, FERRY_EINVAL,
                                 "ferry_add_device_custom: %s: alignment %llu is not a power of two",
                                 p.name, (unsigned long long)p.alignment);
     if (!p.max_alloc)
-        return ferry__fail_lock(f, FERRY_EINVAL,
+        return ferry__fail_thread(f, FERRY_EINVAL,
                                 "ferry_add_device_custom: %s: max_alloc is 0", p.name);
     return add_device(f, d, &p, 0, id);
 }
@@ -299,10 +295,12 @@ int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out)
     if (!f || !out)
         return FERRY_EINVAL;
     ferry *m = (ferry *)f;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&m->lock);
     int rc = 0;
     if (id < 0 || id >= f->n_devs) {
-        rc = ferry__fail(&m->err, FERRY_ENOENT, "no device %d (%d devices)", id, f->n_devs);
+        rc = ferry__fail(e, FERRY_ENOENT, "no device %d (%d devices)", id, f->n_devs);
     } else {
         ferry_device *d = f->devs[id].d;
         memset(out, 0, sizeof *out);
@@ -315,23 +313,25 @@ int ferry_get_device_info(const ferry *f, int id, ferry_device_info *out)
             d->ops->mem_info(d, &out->free_bytes, &out->total_bytes);
     }
     pthread_mutex_unlock(&m->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_set_budget(ferry *f, int device, uint64_t bytes)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     const uint64_t given = bytes;
     if (device < 0 || device >= f->n_devs) {
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
+        rc = ferry__fail(e, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
     } else {
         ferry_device *d = f->devs[device].d;
         uint64_t free_b = 0, total = 0;
         if (bytes) {
-            rc = check_capacity(f, device, bytes);
+            rc = check_capacity(f, device, bytes, e);
         } else if (device == FERRY__HOST) {
             bytes = host_default_budget(f->devs[device].used);
         } else if (FERRY_DEVICE_HAS(d->ops, mem_info) &&
@@ -358,19 +358,21 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
             ferry__pool_trim(f, device, UINT64_MAX);
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_reserve(ferry *f, int device, uint64_t bytes)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     if (device < 0 || device >= f->n_devs) {
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
+        rc = ferry__fail(e, FERRY_ENOENT, "no device %d (%d devices)", device, f->n_devs);
         pthread_mutex_unlock(&f->lock);
-        return rc;
+        return ferry__publish(f, rc, e);
     }
     ferry__dev *D = &f->devs[device];
     if (bytes <= D->reserved) {
@@ -383,7 +385,7 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
     for (;;) {
         ferry__mem m;
         rc = D->budget && bytes > D->budget ? FERRY_EBUDGET
-                                            : ferry__reserve_bytes(f, device, more, &m);
+                                            : ferry__reserve_bytes(f, device, more, &m, e);
         /* prefetches in flight hold reservations that become evictable once they land */
         if (rc != FERRY_EBUDGET || !f->inflight_prefetch || f->closing || bytes > D->budget)
             break;
@@ -393,58 +395,61 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
         D->reserved = bytes;
     } else if (rc == FERRY_EBUDGET) {
         char b1[32], b2[32], b3[32], b4[32];
-        ferry__fail(&f->err, rc,
+        ferry__fail(e, rc,
                     "%s: cannot reserve %s for the engine: budget %s, %s in use (%s of it "
                     "reserved), nothing more evictable",
                     D->p.name, ferry__fmt_size(bytes, b1), ferry__fmt_size(D->budget, b2),
                     ferry__fmt_size(D->used, b3), ferry__fmt_size(D->reserved, b4));
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
+
+static int open_locked(ferry *f, const char *path, const char *prefix, ferry__err *e);
 
 int ferry_open(ferry *f, const char *path, const char *prefix)
 {
     if (!f || !path)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
+    int rc = open_locked(f, path, prefix, e);
+    pthread_mutex_unlock(&f->lock);
+    return ferry__publish(f, rc, e);
+}
+
+static int open_locked(ferry *f, const char *path, const char *prefix, ferry__err *e)
+{
     size_t before = ferry_catalog_count(f->cat);
     if (before != f->n_tensors) {
         /* An earlier open ran out of memory half-way: the catalog holds tensors the manager
          * does not, and a later file's tensors would not line up. */
-        pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM,
+        return ferry__fail(e, FERRY_ENOMEM,
                            "%s: an earlier open of this manager ran out of memory; create a new "
                            "manager", path);
     }
     int rc = ferry_catalog_add(f->cat, path, prefix);
-    if (rc) {
-        ferry__fail(&f->err, rc, "%s", ferry_catalog_errmsg(f->cat));
-        pthread_mutex_unlock(&f->lock);
-        return rc;
-    }
+    if (rc)
+        return ferry__fail(e, rc, "%s", ferry_catalog_errmsg(f->cat));
     size_t after = ferry_catalog_count(f->cat);
     ferry_tensor **ts = realloc(f->tensors, (after ? after : 1) * sizeof *ts);
-    if (!ts) {
-        pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
-    }
+    if (!ts)
+        return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
     f->tensors = ts;
     for (size_t i = before; i < after; i++) {
         ferry_tensor *t = calloc(1, sizeof *t);
         if (!t) {
             /* The catalog keeps the file; tensors beyond n_tensors stay unreachable (every lookup
              * checks n_tensors), and later opens are refused. */
-            pthread_mutex_unlock(&f->lock);
-            return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
+            return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
         }
         t->id = (uint32_t)i;
         t->owner = f;
         t->dev_override = -1;
         if (ferry__register(f, t)) {
             free(t);
-            pthread_mutex_unlock(&f->lock);
-            return ferry__fail(&f->err, FERRY_ENOMEM, "%s: out of memory", path);
+            return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
         }
         ferry_catalog_tensor(f->cat, i, &t->info);
         t->file = ferry__catalog_file(f->cat, ferry__catalog_tensor_file(f->cat, i));
@@ -454,15 +459,14 @@ int ferry_open(ferry *f, const char *path, const char *prefix)
         /* An expectation stated before the file was opened applies now. */
         uint64_t mi;
         if (ferry__hmap_get(&f->expected_missing, t->info.name, &mi)) {
-            ferry__expect_rec *e = &f->missing_expect[mi];
+            const ferry__expect_rec *x = &f->missing_expect[mi];
             t->has_expect = 1;
-            t->expect_dtype = e->dtype;
-            t->expect_ndim = e->ndim;
-            memcpy(t->expect_shape, e->shape, sizeof t->expect_shape);
+            t->expect_dtype = x->dtype;
+            t->expect_ndim = x->ndim;
+            memcpy(t->expect_shape, x->shape, sizeof t->expect_shape);
             ferry__hmap_del(&f->expected_missing, t->info.name);
         }
     }
-    pthread_mutex_unlock(&f->lock);
     return 0;
 }
 
@@ -483,13 +487,15 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
 {
     if (!f || !name || !pattern)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     int g = find_group(f, name);
     if (g < 0) {
         ferry__group *gs = realloc(f->groups, (f->n_groups + 1) * sizeof *gs);
         if (!gs) {
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
         f->groups = gs;
@@ -497,13 +503,13 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
         memset(ng, 0, sizeof *ng);
         ng->name = ferry__strdup(name);
         if (!ng->name) {
-            rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
         if (policy)
             ng->policy = *policy;
         if (ng->policy.compute_device < 0 || ng->policy.compute_device >= f->n_devs) {
-            rc = ferry__fail(&f->err, FERRY_EINVAL,
+            rc = ferry__fail(e, FERRY_EINVAL,
                              "group '%s': compute device %d does not exist (%d devices)", name,
                              ng->policy.compute_device, f->n_devs);
             free(ng->name);
@@ -513,33 +519,35 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
     }
     ferry__rule *rs = realloc(f->rules, (f->n_rules + 1) * sizeof *rs);
     if (!rs) {
-        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto out;
     }
     f->rules = rs;
     rs[f->n_rules].pattern = ferry__strdup(pattern);
     rs[f->n_rules].group = g;
     if (!rs[f->n_rules].pattern) {
-        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto out;
     }
     f->n_rules++;
-    rc = ferry__rebind_all(f, 1);
+    rc = ferry__rebind_all(f, 1, e);
     if (rc) {
         f->n_rules--;
         free(rs[f->n_rules].pattern);
         goto out;
     }
-    ferry__rebind_all(f, 0);
+    ferry__rebind_all(f, 0, NULL);
 out:
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 static int add_pattern(ferry *f, char ***list, size_t *n, const char *pattern)
 {
     if (!f || !pattern)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     char **l = realloc(*list, (*n + 1) * sizeof *l);
@@ -548,19 +556,19 @@ static int add_pattern(ferry *f, char ***list, size_t *n, const char *pattern)
         *list = l;
     if (!l || !p) {
         free(p);
-        rc = ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto out;
     }
     l[(*n)++] = p;
-    rc = ferry__rebind_all(f, 1);
+    rc = ferry__rebind_all(f, 1, e);
     if (rc) {
         free(l[--(*n)]);
         goto out;
     }
-    ferry__rebind_all(f, 0);
+    ferry__rebind_all(f, 0, NULL);
 out:
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_ignore(ferry *f, const char *pattern)
@@ -577,11 +585,13 @@ int ferry_group_remove(ferry *f, const char *name)
 {
     if (!f || !name)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int g = find_group(f, name);
     int rc = 0;
     if (g < 0) {
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", name);
+        rc = ferry__fail(e, FERRY_ENOENT, "no group '%s'", name);
         goto out;
     }
     ferry__fences_reap(f); /* releases whose events have completed count as done */
@@ -591,7 +601,7 @@ int ferry_group_remove(ferry *f, const char *name)
         ferry_tensor *t = f->tensors[i];
         if (t->group == g && t->refs > 0) {
             f->groups[g].removing = 0;
-            rc = ferry__fail(&f->err, FERRY_EBUSY,
+            rc = ferry__fail(e, FERRY_EBUSY,
                              "group '%s': tensor '%s' is prepared (%d references)", name,
                              t->info.name, t->refs);
             goto out;
@@ -621,7 +631,7 @@ int ferry_group_remove(ferry *f, const char *name)
     ferry__sched_reset(&f->sched);
 out:
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 ferry_tensor *ferry_find(ferry *f, const char *name)
@@ -638,9 +648,10 @@ ferry_tensor *ferry_find(ferry *f, const char *name)
         if (t->removed || ferry__is_ignored(f, t))
             t = NULL;
     }
-    if (!t && (i < 0 || (size_t)i >= f->n_tensors))
-        ferry__fail(&f->err, FERRY_ENOENT, "no tensor '%s'", name);
+    int missing = !t && (i < 0 || (size_t)i >= f->n_tensors);
     pthread_mutex_unlock(&f->lock);
+    if (missing)
+        ferry__fail_thread(f, FERRY_ENOENT, "no tensor '%s'", name);
     return t;
 }
 

@@ -236,16 +236,17 @@ static void evict(ferry *f, ferry_tensor *t)
 }
 
 static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
-                   ferry__mem *out);
+                   ferry__mem *out, ferry__err *e);
 
-int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__mem *out)
+int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__mem *out,
+                  ferry__err *e)
 {
-    return reserve(f, dev, size, min_dist, 1, out);
+    return reserve(f, dev, size, min_dist, 1, out, e);
 }
 
-int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out)
+int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out, ferry__err *e)
 {
-    return reserve(f, dev, size, 0, 0, out);
+    return reserve(f, dev, size, 0, 0, out, e);
 }
 
 /* Most parts and kernel mappings one stitched block may have: each mapping costs a VMA, of which a
@@ -372,7 +373,7 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
 }
 
 static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
-                   ferry__mem *out)
+                   ferry__mem *out, ferry__err *e)
 {
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
@@ -384,7 +385,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     else if (use_pool && pool_take(f, dev, size, out))
         return 0;
     if (D->budget && size > D->budget)
-        return ferry__budget_check(f, dev, 0, size, NULL); /* never fits: evict nothing */
+        return ferry__budget_check(f, dev, 0, size, NULL, e); /* never fits: evict nothing */
     for (;;) {
         uint64_t room = !D->budget ? UINT64_MAX
                         : D->used <= D->budget ? D->budget - D->used
@@ -405,7 +406,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         ferry_tensor *v = pick_victim(f, dev, min_dist);
         if (!v) {
             char b1[32], b2[32], b3[32];
-            return ferry__fail(&f->err, FERRY_EBUDGET,
+            return ferry__fail(e, FERRY_EBUDGET,
                                "%s: budget %s%s: cannot fit %s more (%s held, nothing evictable)",
                                D->p.name, ferry__fmt_size(D->budget, b1),
                                D->default_budget ? " (the default: what the host's RAM and memory "
@@ -424,7 +425,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     return 0;
 }
 
-int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name)
+int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const char *name,
+                        ferry__err *e)
 {
     ferry__dev *D = &f->devs[dev];
     if (!D->budget || (kept <= D->budget && staged <= D->budget - kept))
@@ -437,15 +439,15 @@ int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const
     if (name)
         snprintf(who, sizeof who, " (tensor '%.120s')", name);
     if (!kept)
-        return ferry__fail(&f->err, FERRY_EBUDGET,
+        return ferry__fail(e, FERRY_EBUDGET,
                            "%s: %s%s do not fit in a budget of %s%s (%s short)", D->p.name,
                            ferry__fmt_size(staged, b1), who, ferry__fmt_size(D->budget, b2), dflt,
                            ferry__fmt_size(need - D->budget, b3));
     if (!staged)
-        return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
+        return ferry__fail(e, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
                            "evicted), %s short", D->p.name, ferry__fmt_size(D->budget, b1), dflt,
                            ferry__fmt_size(kept, b2), ferry__fmt_size(need - D->budget, b3));
-    return ferry__fail(&f->err, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
+    return ferry__fail(e, FERRY_EBUDGET, "%s: budget %s%s: %s kept (home copies, never "
                        "evicted) + %s staged beside them%s = %s, %s short", D->p.name,
                        ferry__fmt_size(D->budget, b1), dflt, ferry__fmt_size(kept, b2),
                        ferry__fmt_size(staged, b3), who, ferry__fmt_size(need, b4),

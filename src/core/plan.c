@@ -77,18 +77,18 @@ typedef struct plan_peaks {
 
 /* The plan, lock held: placements into *PL_OUT (malloc'd; PL_OUT may be NULL), totals, peaks. */
 static int plan_locked(ferry *f, ferry_placement **pl_out, size_t *n_out, ferry_plan_totals *tot,
-                       plan_peaks *pk)
+                       plan_peaks *pk, ferry__err *e)
 {
     /* Bind first: binding may split tensors into parts, which the loop below then lists. */
     for (size_t i = 0; i < f->n_tensors; i++)
         if (!f->tensors[i]->removed) {
-            int rc = ferry__bind(f, f->tensors[i]);
+            int rc = ferry__bind(f, f->tensors[i], e);
             if (rc)
                 return rc;
         }
     ferry_placement *pl = NULL;
     if (pl_out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl)))
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     memset(tot, 0, sizeof *tot);
     memset(pk, 0, sizeof *pk);
     size_t n = 0;
@@ -120,15 +120,17 @@ int ferry_plan(ferry *f, ferry_placement **out, size_t *n_out, ferry_plan_totals
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     ferry_placement *pl = NULL;
     ferry_plan_totals tot;
     plan_peaks pk;
     size_t n = 0;
-    int rc = plan_locked(f, out ? &pl : NULL, &n, &tot, &pk);
+    int rc = plan_locked(f, out ? &pl : NULL, &n, &tot, &pk, e);
     pthread_mutex_unlock(&f->lock);
     if (rc)
-        return rc;
+        return ferry__publish(f, rc, e);
     if (out)
         *out = pl;
     if (n_out)
@@ -142,15 +144,17 @@ int ferry_plan_check(ferry *f)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     ferry_plan_totals tot;
     plan_peaks pk;
     size_t n = 0;
-    int rc = plan_locked(f, NULL, &n, &tot, &pk);
+    int rc = plan_locked(f, NULL, &n, &tot, &pk, e);
     for (int d = 0; !rc && d < f->n_devs && d < FERRY_MAX_DEVICES; d++) {
         uint64_t kept = d == FERRY__HOST ? tot.host_bytes : tot.device_bytes[d];
-        rc = ferry__budget_check(f, d, kept, pk.staged[d], pk.name[d]);
+        rc = ferry__budget_check(f, d, kept, pk.staged[d], pk.name[d], e);
     }
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }

@@ -54,13 +54,13 @@ uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted)
     return size ? size : FERRY__IO_ALIGN;
 }
 
-int ferry__decide(ferry *f, ferry_tensor *t)
+int ferry__decide(ferry *f, ferry_tensor *t, ferry__err *e)
 {
     const ferry_policy *p = ferry__policy_of(f, t);
     uint64_t threshold = p->lazy_threshold ? p->lazy_threshold : FERRY_LAZY_DEFAULT_THRESHOLD;
     int dev = ferry__compute_device_of(f, t);
     if (dev < 0 || dev >= f->n_devs)
-        return ferry__fail(&f->err, FERRY_EINVAL,
+        return ferry__fail(e, FERRY_EINVAL,
                            "tensor '%s': group policy names device %d, but only %d devices exist",
                            t->info.name, dev, f->n_devs);
     /* A part's laziness is its parent's: the decision depends on the whole tensor's size. */
@@ -72,19 +72,19 @@ int ferry__decide(ferry *f, ferry_tensor *t)
     t->out_bytes = t->info.nbytes;
     if (p->convert && !t->lazy && p->compute_dtype != t->info.dtype) {
         if (!ferry_dtype_can_convert(t->info.dtype, p->compute_dtype))
-            return ferry__fail(&f->err, FERRY_EDTYPE,
+            return ferry__fail(e, FERRY_EDTYPE,
                                "%s: tensor '%s': cannot convert %s to %s", t->info.file,
                                t->info.name, ferry_dtype_name(t->info.dtype),
                                ferry_dtype_name(p->compute_dtype));
         int rc = ferry_dtype_nbytes(p->compute_dtype, t->info.n_elems, &t->out_bytes);
         if (rc)
-            return ferry__fail(&f->err, rc,
+            return ferry__fail(e, rc,
                                "%s: tensor '%s': %llu elements are not whole blocks of %s",
                                t->info.file, t->info.name, (unsigned long long)t->info.n_elems,
                                ferry_dtype_name(p->compute_dtype));
         t->out_dtype = p->compute_dtype;
     }
-    int rc = ferry__lora_decide(f, t);
+    int rc = ferry__lora_decide(f, t, e);
     if (rc)
         return rc;
     /* zero-copy: the home copy is the mapping. On the host without a transform the engine gets
@@ -153,21 +153,21 @@ int ferry__register(ferry *f, ferry_tensor *t)
 
 /* Splits T's rows over the policy's devices: contiguous blocks of whole rows, sizes in
  * proportion to the weights (rounded so that they add up). Parts are made once and kept. */
-static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
+static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p, ferry__err *e)
 {
     int k = p->n_split > FERRY_MAX_SPLIT ? FERRY_MAX_SPLIT : p->n_split;
     double total = 0;
     for (int i = 0; i < k; i++) {
         int d = p->split_devices[i];
         if (d < 0 || d >= f->n_devs)
-            return ferry__fail(&f->err, FERRY_EINVAL, "tensor '%s': split names device %d of %d",
+            return ferry__fail(e, FERRY_EINVAL, "tensor '%s': split names device %d of %d",
                                t->info.name, d, f->n_devs);
         total += p->split_weights[i] > 0 ? p->split_weights[i] : 1.0;
     }
     uint64_t rows = t->info.n_rows, row_bytes = t->info.nbytes / (rows ? rows : 1);
     ferry_tensor **parts = calloc((size_t)k, sizeof *parts);
     if (!parts)
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     double acc = 0;
     uint64_t r0 = 0;
     for (int i = 0; i < k; i++) {
@@ -184,7 +184,7 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
             for (int j = 0; j < i; j++)
                 parts[j]->removed = 1; /* registered: freed with the manager */
             free(parts);
-            return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+            return ferry__fail(e, FERRY_ENOMEM, "out of memory");
         }
         c->owner = f;
         c->id = t->id;
@@ -209,7 +209,7 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
                 for (int j = 0; j <= i; j++)
                     parts[j]->removed = 1; /* registered: freed with the manager */
                 free(parts);
-                return ferry__fail(&f->err, FERRY_ENOMEM,
+                return ferry__fail(e, FERRY_ENOMEM,
                                    "tensor '%s': out of memory for its parts' LoRA terms",
                                    t->info.name);
             }
@@ -223,12 +223,12 @@ static int make_parts(ferry *f, ferry_tensor *t, const ferry_policy *p)
     return 0;
 }
 
-int ferry__bind(ferry *f, ferry_tensor *t)
+int ferry__bind(ferry *f, ferry_tensor *t, ferry__err *e)
 {
     if (t->bound) {
         /* parts are unbound on their own (an adapter change while the parent was held) */
         for (int i = 0; i < t->n_parts; i++) {
-            int rc = ferry__bind(f, t->parts[i]);
+            int rc = ferry__bind(f, t->parts[i], e);
             if (rc)
                 return rc;
         }
@@ -241,15 +241,15 @@ int ferry__bind(ferry *f, ferry_tensor *t)
         t->ignored = matches_any(f->ignore, f->n_ignore, t->info.name);
         t->optional = matches_any(f->optional, f->n_optional, t->info.name);
     }
-    int rc = ferry__decide(f, t);
+    int rc = ferry__decide(f, t, e);
     if (rc)
         return rc;
     const ferry_policy *p = ferry__policy_of(f, t);
     if (!t->parent && !t->parts && p->n_split >= 2 && t->info.ndim == 2 && !t->lazy &&
-        t->info.n_rows >= (uint64_t)p->n_split && (rc = make_parts(f, t, p)) != 0)
+        t->info.n_rows >= (uint64_t)p->n_split && (rc = make_parts(f, t, p, e)) != 0)
         return rc;
     for (int i = 0; i < t->n_parts; i++)
-        if ((rc = ferry__bind(f, t->parts[i])) != 0)
+        if ((rc = ferry__bind(f, t->parts[i], e)) != 0)
             return rc;
     t->bound = 1;
     return 0;
@@ -257,7 +257,7 @@ int ferry__bind(ferry *f, ferry_tensor *t)
 
 /* Re-evaluates group membership of every tensor not yet used (after a rule changed). Returns
  * FERRY_EBUSY naming the tensor when one that has been used would change group. */
-int ferry__rebind_all(ferry *f, int check_only)
+int ferry__rebind_all(ferry *f, int check_only, ferry__err *e)
 {
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
@@ -265,7 +265,7 @@ int ferry__rebind_all(ferry *f, int check_only)
         int ign = matches_any(f->ignore, f->n_ignore, t->info.name);
         if (t->used && (g != t->group || ign != t->ignored)) {
             if (check_only)
-                return ferry__fail(&f->err, FERRY_EBUSY,
+                return ferry__fail(e, FERRY_EBUSY,
                                    "tensor '%s' is already loaded in group '%s'; define groups "
                                    "before loading",
                                    t->info.name,

@@ -15,23 +15,23 @@
 /* ---- the public residency calls ------------------------------------------------------------- */
 
 /* Checks a tensor handle given by the engine. Lock held. */
-int ferry__usable(ferry *f, ferry_tensor *t)
+int ferry__usable(ferry *f, ferry_tensor *t, ferry__err *e)
 {
     if (!t)
-        return ferry__fail(&f->err, FERRY_EINVAL, "NULL tensor");
+        return ferry__fail(e, FERRY_EINVAL, "NULL tensor");
     if (t->removed)
-        return ferry__fail(&f->err, FERRY_ENOENT, "tensor '%s': its group was removed",
+        return ferry__fail(e, FERRY_ENOENT, "tensor '%s': its group was removed",
                            t->info.name);
-    int rc = ferry__bind(f, t);
+    int rc = ferry__bind(f, t, e);
     if (rc)
         return rc;
     if (t->ignored)
-        return ferry__fail(&f->err, FERRY_ENOENT, "tensor '%s' is ignored by policy",
+        return ferry__fail(e, FERRY_ENOENT, "tensor '%s' is ignored by policy",
                            t->info.name);
     if (t->group >= 0 && f->groups[t->group].removing)
-        return ferry__fail(&f->err, FERRY_EBUSY, "tensor '%s': its group '%s' is being removed",
+        return ferry__fail(e, FERRY_EBUSY, "tensor '%s': its group '%s' is being removed",
                            t->info.name, f->groups[t->group].name);
-    return ferry__check_expect(f, t);
+    return ferry__check_expect(t, e);
 }
 
 /* ---- group loads through arenas (arena.c) ----------------------------------------------------- */
@@ -72,11 +72,8 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
         return 0;
     ferry__copy *c = want == FILL_COMP ? &t->comp : &t->host;
     ferry__mem m;
-    ferry__err saved = f->err;
-    if (ferry__reserve_bytes(f, FERRY__HOST, ferry__host_alloc_size(t, 0), &m)) {
-        f->err = saved;
+    if (ferry__reserve_bytes(f, FERRY__HOST, ferry__host_alloc_size(t, 0), &m, NULL))
         return 0;
-    }
     ferry__arena_place(a, i, &m);
     if (want == FILL_HOST)
         a->claimed[i] |= FERRY__CLAIMED_HOST;
@@ -193,7 +190,6 @@ static void cancel_queued(ferry *f, ferry_tensor *const *ts, size_t n)
     for (size_t i = 0; i < n; i++)
         ts[i]->canceling = 1;
     ferry__job **pp = &f->queue_head, *prev = NULL;
-    ferry__err saved = f->err;
     while (*pp) {
         ferry__job *j = *pp;
         if (!j->t->canceling) {
@@ -209,16 +205,15 @@ static void cancel_queued(ferry *f, ferry_tensor *const *ts, size_t n)
         ferry__finish_job(f, j, j->fill, FERRY_ECANCELED, &e);
         ferry__job_recycle(f, j);
     }
-    f->err = saved;
     for (size_t i = 0; i < n; i++)
         ts[i]->canceling = 0;
     pthread_cond_broadcast(&f->cond);
 }
 
-static int canceled_fail(ferry *f, const load_progress *p)
+static int canceled_fail(const load_progress *p, ferry__err *e)
 {
     char a[32], b[32];
-    return ferry__fail(&f->err, FERRY_ECANCELED,
+    return ferry__fail(e, FERRY_ECANCELED,
                        "load cancelled by the progress callback after %s of %s",
                        ferry__fmt_size(p->reported, a), ferry__fmt_size(p->total, b));
 }
@@ -300,7 +295,7 @@ static void arena_read(ferry *f, ferry__arena_load *L, load_progress *p)
  * given back); the first failure becomes the manager's message and the return value. As
  * finish_job does for a job's copy: a copy whose adapter set changed while it was read is stale,
  * and one nobody holds is dropped if its tensor no longer wants it. Lock held. */
-static int arena_settle(ferry *f, ferry__arena_load *L)
+static int arena_settle(ferry *f, ferry__arena_load *L, ferry__err *e)
 {
     int rc = 0;
     for (ferry__arena *a = L->list; a; a = a->next)
@@ -331,10 +326,10 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
                             t = a->ts[j];
                             break;
                         }
-                    rc = ferry__fail(&f->err, r->status, "tensor '%s': %s", t->info.name,
+                    rc = ferry__fail(e, r->status, "tensor '%s': %s", t->info.name,
                                      r->req.errmsg[0] ? r->req.errmsg
                                                       : ferry_strerror(r->status));
-                    ferry__fail_append(&f->err, 0, "(one read of %llu bytes for %zu tensors)",
+                    ferry__fail_append(e, 0, "(one read of %llu bytes for %zu tensors)",
                                        (unsigned long long)r->req.len, r->end - r->first);
                 }
             }
@@ -344,7 +339,7 @@ static int arena_settle(ferry *f, ferry__arena_load *L)
 }
 
 static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                      int from_prepare, load_progress *p);
+                      int from_prepare, load_progress *p, ferry__err *e);
 
 /* Waits until every tensor of TS has its comp copy READY, queuing loads as needed. Lock held.
  * Each tensor already holds a reference (so nothing of the set is evicted meanwhile). A group
@@ -352,25 +347,26 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
  * tensors as whole ranges of their files into arenas, on the I/O pool, while the calling thread
  * waits without the lock; what is left goes through jobs as in any other load. */
 static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                       int from_prepare, load_progress *p);
+                       int from_prepare, load_progress *p, ferry__err *e);
 
-static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int from_prepare)
+static int bring(ferry *f, ferry_tensor *const *ts, size_t n, int home_only, int from_prepare,
+                 ferry__err *e)
 {
     load_progress p;
     progress_begin(f, &p, ts, n, home_only);
     progress_report(f, &p, 0, 1);
-    int rc = bring_arena(f, ts, n, home_only, from_prepare, &p);
+    int rc = bring_arena(f, ts, n, home_only, from_prepare, &p, e);
     if (!rc && p.canceled)
-        rc = canceled_fail(f, &p);
+        rc = canceled_fail(&p, e);
     progress_end(&p);
     return rc;
 }
 
 static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                       int from_prepare, load_progress *p)
+                       int from_prepare, load_progress *p, ferry__err *e)
 {
     if (!home_only || from_prepare || n < 2 || p->canceled)
-        return p->canceled ? 0 : bring_wait(f, ts, n, home_only, from_prepare, p);
+        return p->canceled ? 0 : bring_wait(f, ts, n, home_only, from_prepare, p, e);
     ferry__arena *list = NULL;
     for (size_t i = 0; i < n; i++)
         if (!ts[i]->arena) /* else another group load is reading it */
@@ -391,25 +387,25 @@ static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_onl
         arena_read(f, &L, p);
         ferry__arena_stop(&L);
         pthread_mutex_lock(&f->lock);
-        rc = arena_settle(f, &L);
+        rc = arena_settle(f, &L, e);
         if (p->canceled) {
             rc = 0; /* reported as the cancellation by bring */
-            ferry__err_clear(&f->err);
+            ferry__err_clear(e);
         }
     }
     if (!rc && !p->canceled)
-        rc = bring_wait(f, ts, n, home_only, from_prepare, p);
+        rc = bring_wait(f, ts, n, home_only, from_prepare, p, e);
     ferry__arena_end(&L);
     return rc;
 }
 
 static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only,
-                      int from_prepare, load_progress *p)
+                      int from_prepare, load_progress *p, ferry__err *e)
 {
     uint64_t local[64];
     uint64_t *seen = n <= 64 ? local : calloc(n, sizeof *seen);
     if (!seen)
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     memset(seen, 0, FERRY__MIN(n, 64) * sizeof *seen);
     int rc = 0, prefetched = 0;
     double waited = 0;
@@ -435,7 +431,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
                 ferry__drop_copy(f, t, &t->comp);
                 t->stale = 0;
                 t->bound = 0;
-                if ((rc = ferry__bind(f, t->parent ? t->parent : t)) != 0)
+                if ((rc = ferry__bind(f, t->parent ? t->parent : t, e)) != 0)
                     break;
                 seen[i] = 0;
             }
@@ -447,15 +443,17 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
                 continue;
             }
             if (seen[i] && seen[i] == t->load_gen && !t->failed_prefetch) {
+                /* its load failed: the loader left the message in the tensor */
                 rc = t->comp.status ? t->comp.status : FERRY_EIO;
+                ferry__fail(e, rc, "%s", t->fail_msg ? t->fail_msg : ferry_strerror(rc));
                 break;
             }
             uint64_t gen = t->load_gen;
-            rc = ferry__enqueue(f, t, home_only, 0, 0);
+            rc = ferry__enqueue(f, t, home_only, 0, 0, e);
             if (rc == FERRY_EBUDGET && f->fences.head) {
                 /* the room is held by releases waiting on the engine's events: wait for the
                  * oldest (without the lock), then try again */
-                ferry__err_clear(&f->err);
+                ferry__err_clear(e);
                 ferry__fences_wait_oldest(f);
                 rc = 0;
                 again = 1;
@@ -479,7 +477,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
             int calls = p->calls;
             if (progress_report(f, p, progress_done(p, ts, n, home_only, seen), 1)) {
                 cancel_queued(f, ts, n);
-                rc = canceled_fail(f, p);
+                rc = canceled_fail(p, e);
                 break;
             }
             if (p->calls != calls && p->reported != before)
@@ -498,10 +496,8 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
         ferry__trace_add(f, "wait", "wait", t0, t1);
     }
     if (rc) {
-        /* The set's other loads still in flight settle before the failure is returned: one that
-         * failed later would otherwise replace this call's message after it returned (a data
-         * race with the caller reading ferry_errmsg). The message stays this failure's. */
-        ferry__err first = f->err;
+        /* The set's other loads still in flight settle before the failure is returned, so that
+         * a failed call leaves none of its set loading. */
         for (int busy = 1; busy && !f->closing;) {
             busy = 0;
             for (size_t i = 0; i < n && !busy; i++)
@@ -510,7 +506,6 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
             if (busy)
                 pthread_cond_wait(&f->cond, &f->lock);
         }
-        f->err = first;
     }
     f->stats.wait_seconds += waited;
     if (seen != local)
@@ -520,7 +515,8 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
 
 /* The residency units of TS: each split tensor's parts in its place. *OUT is TS itself when nothing
  * is split, else a malloc'd array the caller frees. Lock held; tensors bound. */
-static int expand(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out, size_t *nout)
+static int expand(ferry_tensor *const *ts, size_t n, ferry_tensor ***out, size_t *nout,
+                  ferry__err *e)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -532,7 +528,7 @@ static int expand(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***o
     }
     ferry_tensor **u = malloc(total * sizeof *u);
     if (!u)
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (!ts[i]->n_parts)
@@ -546,15 +542,15 @@ static int expand(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***o
 }
 
 int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor ***out,
-                         size_t *nout)
+                         size_t *nout, ferry__err *e)
 {
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
-        rc = ferry__usable(f, ts[i]);
+        rc = ferry__usable(f, ts[i], e);
     ferry_tensor **u = NULL;
     size_t nu = 0;
     if (!rc)
-        rc = expand(f, ts, n, &u, &nu);
+        rc = expand(ts, n, &u, &nu, e);
     if (rc)
         return rc;
     for (size_t i = 0; i < n; i++) {
@@ -592,13 +588,13 @@ void ferry__prepare_undo(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
 }
 
 int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tensor *const *u,
-                          size_t nu)
+                          size_t nu, ferry__err *e)
 {
-    int rc = bring(f, (ferry_tensor **)u, nu, 0, 1);
+    int rc = bring(f, (ferry_tensor **)u, nu, 0, 1, e);
     if (rc == FERRY_EIO) {
         /* a read that failed because the file changed meanwhile: say so */
         pthread_mutex_unlock(&f->lock);
-        rc = ferry__check_after_eio(f, u, nu);
+        rc = ferry__check_after_eio(u, nu, e);
         pthread_mutex_lock(&f->lock);
     }
     if (rc) {
@@ -615,11 +611,9 @@ int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_ten
 
 void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu)
 {
-    ferry__err saved = f->err;
     for (size_t i = 0; i < nu; i++)
         if (u[i]->comp.state == FERRY__EMPTY)
-            (void)ferry__enqueue(f, u[i], 0, 0, 0); /* what cannot be queued now: at the wait */
-    f->err = saved;
+            (void)ferry__enqueue(f, u[i], 0, 0, 0, NULL); /* what cannot be queued now: at the wait */
     ferry__prefetch_ahead(f);
 }
 
@@ -644,33 +638,35 @@ int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n)
     if (!f || (n && !ts))
         return FERRY_EINVAL;
     /* a file that changed since it was opened fails before anything of it is used */
-    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
-        return FERRY_ECHANGED;
+    ferry__err e[1];
+    ferry__err_clear(e);
+    if (ferry__check_tensors(ts, n, FERRY__PATH_RATE, e))
+        return ferry__publish(f, FERRY_ECHANGED, e);
     pthread_mutex_lock(&f->lock);
     ferry__fences_reap(f);
     ferry_tensor **u = NULL;
     size_t nu = 0;
-    int rc = ferry__prepare_begin(f, ts, n, &u, &nu);
+    int rc = ferry__prepare_begin(f, ts, n, &u, &nu, e);
     if (!rc)
-        rc = ferry__prepare_finish(f, ts, n, u, nu);
+        rc = ferry__prepare_finish(f, ts, n, u, nu, e);
     if (u && u != ts)
         free(u);
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
-
-
 
 int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     if (!f || (n && !ts))
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_tensor *t = ts[i];
         if (!t || t->refs - t->fenced <= 0) {
-            rc = ferry__fail(&f->err, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
+            rc = ferry__fail(e, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
                              t ? t->info.name : "(null)");
             continue;
         }
@@ -678,7 +674,7 @@ int ferry_release(ferry *f, ferry_tensor *const *ts, size_t n)
     }
     ferry__fences_reap(f);
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
 
 int ferry_release_all(ferry *f)
@@ -706,11 +702,8 @@ int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
     for (size_t i = 0; i < n; i++) {
-        ferry__err saved = f->err;
-        if (ferry__usable(f, ts[i])) {
-            f->err = saved;
+        if (ferry__usable(f, ts[i], NULL))
             continue;
-        }
         int nparts = ts[i]->n_parts ? ts[i]->n_parts : 1;
         int stop = 0;
         for (int k = 0; k < nparts && !stop; k++) {
@@ -718,9 +711,9 @@ int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
             if (t->lazy || t->comp.state != FERRY__EMPTY)
                 continue;
             uint64_t dist = ferry__sched_distance(&f->sched, t->uid);
-            stop = ferry__enqueue(f, t, 0, 1, dist == UINT64_MAX ? 0 : dist) != 0;
+            /* a hint: what does not fit now is loaded at prepare */
+            stop = ferry__enqueue(f, t, 0, 1, dist == UINT64_MAX ? 0 : dist, NULL) != 0;
         }
-        f->err = saved; /* a hint: what does not fit now is loaded at prepare */
         if (stop)
             break;
     }
@@ -743,19 +736,21 @@ int ferry_load_group(ferry *f, const char *group)
 {
     if (!f)
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0, found = group == NULL;
     ferry_tensor **set = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *set);
     size_t n = 0;
     if (!set) {
         pthread_mutex_unlock(&f->lock);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < f->n_tensors && !rc; i++) {
         ferry_tensor *t = f->tensors[i];
         if (t->removed)
             continue;
-        if ((rc = ferry__bind(f, t)) != 0)
+        if ((rc = ferry__bind(f, t, e)) != 0)
             break;
         const char *g = t->group >= 0 ? f->groups[t->group].name : "default";
         if (group && strcmp(g, group) != 0)
@@ -765,18 +760,18 @@ int ferry_load_group(ferry *f, const char *group)
             set[n++] = t;
     }
     if (!rc && !found)
-        rc = ferry__fail(&f->err, FERRY_ENOENT, "no group '%s'", group);
+        rc = ferry__fail(e, FERRY_ENOENT, "no group '%s'", group);
     ferry_tensor **u = NULL;
     size_t nu = 0;
     if (!rc)
-        rc = expand(f, set, n, &u, &nu);
+        rc = expand(set, n, &u, &nu, e);
     if (!rc)
-        rc = bring(f, u, nu, 1, 0);
+        rc = bring(f, u, nu, 1, 0, e);
     pthread_mutex_unlock(&f->lock);
     if (rc == FERRY_EIO)
-        rc = ferry__check_after_eio(f, u, nu);
+        rc = ferry__check_after_eio(u, nu, e);
     if (u && u != set)
         free(u);
     free(set);
-    return rc;
+    return ferry__publish(f, rc, e);
 }

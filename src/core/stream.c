@@ -32,17 +32,17 @@ int ferry_event_create(ferry *f, int device, ferry_event **out)
     ferry_device *d = device >= 0 && device < n_devs ? f->devs[device].d : NULL;
     pthread_mutex_unlock(&f->lock);
     if (!d)
-        return ferry__fail_lock(f, FERRY_ENOENT, "event: no device %d (%d devices)", device,
+        return ferry__fail_thread(f, FERRY_ENOENT, "event: no device %d (%d devices)", device,
                                 n_devs);
     ferry_event *ev = ev_new(f, device);
     if (!ev)
-        return ferry__fail_lock(f, FERRY_ENOMEM, "event: out of memory");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "event: out of memory");
     if (ferry__device_has_events(d)) {
         int rc = d->ops->event_create(d, &ev->h[device]);
         if (rc) {
             char msg[256];
             free(ev);
-            return ferry__fail_lock(f, rc, "%s: cannot create an event: %s",
+            return ferry__fail_thread(f, rc, "%s: cannot create an event: %s",
                                     f->devs[device].p.name,
                                     ferry__device_errmsg(d, msg, sizeof msg));
         }
@@ -57,7 +57,7 @@ int ferry_event_record(ferry_event *ev, void *stream)
         return FERRY_EINVAL;
     ferry *f = ev->f;
     if (ev->prepare)
-        return ferry__fail_lock(f, FERRY_EINVAL, "event: a prepare's event cannot be recorded");
+        return ferry__fail_thread(f, FERRY_EINVAL, "event: a prepare's event cannot be recorded");
     void *h = ev->h[ev->dev];
     if (!h)
         return 0;
@@ -65,23 +65,34 @@ int ferry_event_record(ferry_event *ev, void *stream)
     int rc = d->ops->event_record(d, h, stream);
     if (rc) {
         char msg[256];
-        ferry__fail_lock(f, rc, "%s: cannot record an event: %s", f->devs[ev->dev].p.name,
+        ferry__fail_thread(f, rc, "%s: cannot record an event: %s", f->devs[ev->dev].p.name,
                          ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
 }
 
 /* Waits until the prepare event's set is ready (or has failed), then records one handle per
- * device it is staged on, behind its copies. Lock held (dropped while waiting). */
-static int settle(ferry_event *ev)
+ * device it is staged on, behind its copies. Lock held (dropped while waiting). A failure's
+ * message is the event's (fail_msg), for every thread that waits on it: it goes into E. */
+static int settle(ferry_event *ev, ferry__err *e)
 {
     ferry *f = ev->f;
     while (ev->pending && ev->status == 1) /* another thread settles it */
         pthread_cond_wait(&f->cond, &f->lock);
-    if (!ev->pending)
+    if (!ev->pending) {
+        if (ev->status && ev->fail_msg)
+            ferry__fail(e, ev->status, "%s", ev->fail_msg);
         return ev->status;
+    }
     ev->status = 1;
-    int rc = ferry__prepare_finish(f, ev->ts, ev->n, ev->u, ev->nu);
+    ferry__err *mine = malloc(sizeof *mine);
+    ferry__err_clear(mine);
+    int rc = ferry__prepare_finish(f, ev->ts, ev->n, ev->u, ev->nu, mine ? mine : e);
+    if (rc && mine) {
+        ev->fail_msg = ferry__strdup(mine->msg);
+        ferry__fail(e, rc, "%s", mine->msg);
+    }
+    free(mine);
     int devs[FERRY_MAX_DEVICES] = {0};
     if (!rc)
         for (size_t i = 0; i < ev->nu; i++) {
@@ -118,11 +129,13 @@ int ferry_event_wait(ferry_event *ev, void *stream)
     ferry *f = ev->f;
     int rc = 0;
     if (ev->prepare) {
+        ferry__err e[1];
+        ferry__err_clear(e);
         pthread_mutex_lock(&f->lock);
-        rc = settle(ev);
+        rc = settle(ev, e);
         pthread_mutex_unlock(&f->lock);
         if (rc)
-            return rc;
+            return ferry__publish(f, rc, e);
     }
     for (int d = 0; d < FERRY_MAX_DEVICES && !rc; d++) {
         if (!ev->h[d])
@@ -133,7 +146,7 @@ int ferry_event_wait(ferry_event *ev, void *stream)
             rc = dv->ops->event_wait(dv, ev->h[d], NULL); /* a stream of another device */
         if (rc) {
             char msg[256];
-            ferry__fail_lock(f, rc, "%s: event wait failed: %s", f->devs[d].p.name,
+            ferry__fail_thread(f, rc, "%s: event wait failed: %s", f->devs[d].p.name,
                              ferry__device_errmsg(dv, msg, sizeof msg));
         }
     }
@@ -151,17 +164,19 @@ int ferry_event_query(ferry_event *ev)
         return FERRY_EINVAL;
     ferry *f = ev->f;
     if (ev->prepare) {
+        ferry__err e[1];
+        ferry__err_clear(e);
         pthread_mutex_lock(&f->lock);
         int rc = 0;
         if (ev->pending && ev->status != 1 && ferry__units_state(f, ev->u, ev->nu) != 0)
-            rc = settle(ev); /* nothing in flight: settling queues again or reports */
+            rc = settle(ev, e); /* nothing in flight: settling queues again or reports */
         else if (ev->pending)
             rc = 1; /* loading */
         else
-            rc = ev->status;
+            rc = settle(ev, e); /* settled: its status and message */
         pthread_mutex_unlock(&f->lock);
         if (rc)
-            return rc > 0 ? 0 : rc;
+            return rc > 0 ? 0 : ferry__publish(f, rc, e);
     }
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!ev->h[d])
@@ -181,7 +196,7 @@ void ferry_event_destroy(ferry_event *ev)
     ferry *f = ev->f;
     pthread_mutex_lock(&f->lock);
     if (ev->prepare && ev->pending)
-        (void)settle(ev);
+        (void)settle(ev, NULL);
     ferry__event_unref(ev);
     pthread_mutex_unlock(&f->lock);
 }
@@ -192,16 +207,18 @@ int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
         return FERRY_EINVAL;
     *ready = NULL;
     /* a file that changed since it was opened fails before anything of it is used */
-    if (ferry__check_tensors(f, ts, n, FERRY__PATH_RATE))
-        return FERRY_ECHANGED;
+    ferry__err e[1];
+    ferry__err_clear(e);
+    if (ferry__check_tensors(ts, n, FERRY__PATH_RATE, e))
+        return ferry__publish(f, FERRY_ECHANGED, e);
     pthread_mutex_lock(&f->lock);
     ferry__fences_reap(f);
     ferry_tensor **u = NULL;
     size_t nu = 0;
-    int rc = ferry__prepare_begin(f, ts, n, &u, &nu);
+    int rc = ferry__prepare_begin(f, ts, n, &u, &nu, e);
     if (rc) {
         pthread_mutex_unlock(&f->lock);
-        return rc;
+        return ferry__publish(f, rc, e);
     }
     ferry_event *ev = ev_new(f, -1);
     if (ev) {
@@ -215,7 +232,7 @@ int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
         if (u != ts)
             free(u);
         pthread_mutex_unlock(&f->lock);
-        return ferry__fail_lock(f, FERRY_ENOMEM, "prepare: out of memory for the event");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "prepare: out of memory for the event");
     }
     if (n)
         memcpy(ev->ts, ts, n * sizeof *ts);
@@ -230,7 +247,7 @@ int ferry_prepare_async(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
     ferry__prepare_queue(f, ev->u, nu);
     /* ready already (cached, mapped): settled now, which waits for nothing */
     if (ferry__units_state(f, ev->u, nu) == 1)
-        (void)settle(ev);
+        (void)settle(ev, NULL);
     pthread_mutex_unlock(&f->lock);
     *ready = ev;
     return 0;
@@ -241,17 +258,19 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
     if (!done)
         return ferry_release(f, ts, n);
     if (!f || (n && !ts) || done->f != f || done->prepare)
-        return f ? ferry__fail_lock(f, FERRY_EINVAL, "release: the event is not an engine "
+        return f ? ferry__fail_thread(f, FERRY_EINVAL, "release: the event is not an engine "
                                     "event of this manager")
                  : FERRY_EINVAL;
     if (!done->h[done->dev])
         return ferry_release(f, ts, n); /* complete: nothing to wait for */
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_tensor *t = ts[i];
         if (!t || t->refs - t->fenced <= 0) {
-            rc = ferry__fail(&f->err, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
+            rc = ferry__fail(e, FERRY_EINVAL, "release of tensor '%s' that is not prepared",
                              t ? t->info.name : "(null)");
             continue;
         }
@@ -269,5 +288,5 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
     }
     ferry__fences_reap(f);
     pthread_mutex_unlock(&f->lock);
-    return rc;
+    return ferry__publish(f, rc, e);
 }

@@ -87,7 +87,7 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
             base = end;
         }
         if (n)
-            return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': bytes past its end",
+            return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': bytes past its end",
                                     t->info.name);
         return 0;
     }
@@ -98,9 +98,9 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     uint64_t size = t->out_bytes;
     pthread_mutex_unlock(&f->lock);
     if (!held)
-        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s' is not prepared", t->info.name);
+        return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s' is not prepared", t->info.name);
     if (off > size || n > size - off)
-        return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
+        return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': bytes [%llu, %llu) of %llu",
                            t->info.name, (unsigned long long)off,
                            (unsigned long long)(off + n), (unsigned long long)size);
     if (mapped) /* the mapping's bytes, read without touching it (ferry_tensor_read_file) */
@@ -113,7 +113,7 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     int rc = ferry__device_read(d, dst, p + off, n);
     if (rc) {
         char msg[256];
-        ferry__fail_lock(f, rc, "%s: tensor '%s': read back failed: %s", f->devs[dev].p.name,
+        ferry__fail_thread(f, rc, "%s: tensor '%s': read back failed: %s", f->devs[dev].p.name,
                          t->info.name,
                          ferry__device_errmsg(d, msg, sizeof msg));
     }
@@ -142,26 +142,28 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
 {
     if (!f || !t || (n && (!rows || !dst)))
         return FERRY_EINVAL;
+    ferry__err e[1];
+    ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
-    int rc = ferry__usable(f, t);
+    int rc = ferry__usable(f, t, e);
     pthread_mutex_unlock(&f->lock);
     if (rc)
-        return rc;
+        return ferry__publish(f, rc, e);
     ferry_tensor *const one[1] = {t};
-    if (ferry__check_tensors(f, one, 1, FERRY__PATH_RATE))
-        return FERRY_ECHANGED;
+    if (ferry__check_tensors(one, 1, FERRY__PATH_RATE, e))
+        return ferry__publish(f, FERRY_ECHANGED, e);
     uint64_t row_bytes;
     if (ferry_dtype_nbytes(t->info.dtype, t->info.row_elems, &row_bytes) || !row_bytes)
-        return ferry__fail_lock(f, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",
+        return ferry__fail_thread(f, FERRY_ESHAPE, "tensor '%s': rows are not whole blocks",
                            t->info.name);
     /* (row, position in the request) sorted by row, so neighbouring rows become one read. */
     uint64_t *order = malloc((n ? n : 1) * 2 * sizeof *order);
     if (!order)
-        return ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         if (rows[i] >= t->info.n_rows) {
             free(order);
-            return ferry__fail_lock(f, FERRY_EINVAL, "tensor '%s': row %llu of %llu",
+            return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': row %llu of %llu",
                                t->info.name, (unsigned long long)rows[i],
                                (unsigned long long)t->info.n_rows);
         }
@@ -171,7 +173,6 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
     qsort(order, n, 2 * sizeof *order, cmp_u64_pair);
     uint64_t max_run = FERRY__MAX(1, FERRY__XFER_CHUNK / row_bytes);
     unsigned char *tmp = NULL;
-    ferry__err e = {0};
     for (size_t i = 0; i < n && !rc;) {
         /* A run of consecutive (or repeated) rows, at most max_run rows long. */
         size_t j = i + 1;
@@ -180,15 +181,13 @@ int ferry_read_rows(ferry *f, ferry_tensor *t, const uint64_t *rows, size_t n, v
             j++;
         uint64_t first = order[2 * i], count = order[2 * (j - 1)] - first + 1;
         if (!tmp && !(tmp = malloc(max_run * row_bytes))) {
-            rc = ferry__fail_lock(f, FERRY_ENOMEM, "out of memory");
+            rc = ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
             break;
         }
         rc = ferry__io_read(t->file, t->info.offset + first * row_bytes, count * row_bytes, tmp,
-                            FERRY_LOAD_READ, &e);
+                            FERRY_LOAD_READ, e);
         if (rc) {
-            pthread_mutex_lock(&f->lock);
-            f->err = e;
-            pthread_mutex_unlock(&f->lock);
+            ferry__publish(f, rc, e);
             break;
         }
         ferry__add_stat(&f->a_bytes_read, count * row_bytes);

@@ -52,7 +52,7 @@ int ferry_trace_start(ferry *f, const char *path)
     ferry__trace *tr = calloc(1, sizeof *tr);
     if (!tr || !(tr->path = ferry__strdup(path))) {
         free(tr);
-        return ferry__fail(&f->err, FERRY_ENOMEM, "out of memory");
+        return ferry__fail_thread(f, FERRY_ENOMEM, "out of memory");
     }
     pthread_mutex_init(&tr->lock, NULL);
     tr->origin = ferry__now();
@@ -63,7 +63,7 @@ int ferry_trace_start(ferry *f, const char *path)
     pthread_rwlock_unlock(&f->trace_lock);
     if (old) {
         ferry__trace_free(tr);
-        return ferry__fail_lock(f, FERRY_EBUSY, "a trace is already being recorded (to %s)",
+        return ferry__fail_thread(f, FERRY_EBUSY, "a trace is already being recorded (to %s)",
                                 old->path);
     }
     return 0;
@@ -189,12 +189,12 @@ static FILE *trace_open(const char *path, char **tmp, char **dest)
     return out;
 }
 
-int ferry__trace_write(ferry *f, ferry__trace *tr)
+int ferry__trace_write(ferry__trace *tr, ferry__err *err)
 {
     char *tmp, *dest;
     FILE *out = trace_open(tr->path, &tmp, &dest);
     if (!out)
-        return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
+        return ferry__fail(err, FERRY_EIO, "%s: cannot write the trace", tr->path);
     fprintf(out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     fprintf(out, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"ferry\"}}");
     pthread_mutex_lock(&tr->lock);
@@ -217,7 +217,7 @@ int ferry__trace_write(ferry *f, ferry__trace *tr)
         unlink(tmp);
     free(tmp), free(dest);
     if (bad)
-        return ferry__fail(&f->err, FERRY_EIO, "%s: cannot write the trace", tr->path);
+        return ferry__fail(err, FERRY_EIO, "%s: cannot write the trace", tr->path);
     return 0;
 }
 
@@ -231,7 +231,9 @@ int ferry_trace_stop(ferry *f)
     pthread_rwlock_unlock(&f->trace_lock);
     if (!tr)
         return 0;
-    int rc = ferry__trace_write(f, tr);
+    ferry__err e[1];
+    ferry__err_clear(e);
+    int rc = ferry__trace_write(tr, e);
     ferry__trace_free(tr);
-    return rc;
+    return ferry__publish(f, rc, e);
 }
