@@ -449,8 +449,10 @@ FERRY_API ferry *ferry_create(const ferry_options *opt);
 /* Closes the manager: cancels and drains everything in flight, then frees all memory and closes
  * the files. Tensor handles become invalid. NULL is a no-op. */
 FERRY_API void ferry_destroy(ferry *f);
-/* The message of the last failure on F ("" when none). Valid until the next failing call on F.
- * With several threads, the message of one thread's failure may be replaced by another's. */
+/* The message of the calling thread's last failure on F ("" when none): each thread reads its
+ * own, never another's. Owned by ferry; valid until the same thread's next failing call on F or
+ * until F is destroyed. A call refused with FERRY_EINVAL for a NULL argument leaves it unchanged.
+ * A manager created later, even at the same address, starts with none. */
 FERRY_API const char *ferry_errmsg(const ferry *f);
 
 /* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",

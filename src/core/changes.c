@@ -81,9 +81,9 @@ int ferry_tensor_read_file(ferry *f, const ferry_tensor *t, uint64_t off, uint64
         return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s' has no file", t->info.name);
     if (off > t->info.nbytes || n > t->info.nbytes - off)
         return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': file bytes [%llu, %llu) of %llu",
-                                t->info.name, (unsigned long long)off,
-                                (unsigned long long)(off + n),
-                                (unsigned long long)t->info.nbytes);
+                                  t->info.name, (unsigned long long)off,
+                                  (unsigned long long)(off + n),
+                                  (unsigned long long)t->info.nbytes);
     /* the bytes of the file ferry opened: a path renamed over does not change them */
     ferry_tensor *const one[1] = {(ferry_tensor *)t};
     ferry__err e[1];

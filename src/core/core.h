@@ -449,7 +449,8 @@ int ferry__budget_check(ferry *f, int dev, uint64_t kept, uint64_t staged, const
 int ferry__check_expect(const ferry_tensor *t, ferry__err *e);
 
 /* fail.c — each thread's last failure per manager. Internal functions fail into a ferry__err
- * out-parameter; the public call publishes it to the calling thread's slot for F. No lock needed. */
+ * out-parameter (NULL: nobody's error, as for hints); the public call publishes it to the calling
+ * thread's slot for F. No lock needed. */
 /* Gives a new manager its serial; FERRY_ENOMEM when it cannot be registered. */
 int ferry__serial_register(uint64_t *serial);
 /* The manager SERIAL is gone: its serial is no longer live, the calling thread's slot is freed. */

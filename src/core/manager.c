@@ -237,7 +237,7 @@ int ferry_set_host_device(ferry *f, const char *spec)
     if (!p.host_accessible) {
         ferry_device_close(d);
         return ferry__fail_thread(f, FERRY_EINVAL, "%s: the host device must be host-accessible",
-                                spec);
+                                  spec);
     }
     ferry__err e[1];
     ferry__err_clear(e);
@@ -272,16 +272,17 @@ int ferry_add_device_custom(ferry *f, ferry_device *d, int *id)
     if (rc) {
         char why[256];
         return ferry__fail_thread(f, rc, "ferry_add_device_custom: the device's props failed: %s",
-                                ferry__device_errmsg(d, why, sizeof why)[0] ? why
+                                  ferry__device_errmsg(d, why, sizeof why)[0] ? why
                                                                             : ferry_strerror(rc));
     }
     if (!p.alignment || (p.alignment & (p.alignment - 1)))
         return ferry__fail_thread(f, FERRY_EINVAL,
-                                "ferry_add_device_custom: %s: alignment %llu is not a power of two",
-                                p.name, (unsigned long long)p.alignment);
+                                  "ferry_add_device_custom: %s: alignment %llu is not a power of "
+                                  "two",
+                                  p.name, (unsigned long long)p.alignment);
     if (!p.max_alloc)
         return ferry__fail_thread(f, FERRY_EINVAL,
-                                "ferry_add_device_custom: %s: max_alloc is 0", p.name);
+                                  "ferry_add_device_custom: %s: max_alloc is 0", p.name);
     return add_device(f, d, &p, 0, id);
 }
 

@@ -611,9 +611,10 @@ int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_ten
 
 void ferry__prepare_queue(ferry *f, ferry_tensor *const *u, size_t nu)
 {
+    /* what cannot be queued now is queued (and reported) by the wait */
     for (size_t i = 0; i < nu; i++)
         if (u[i]->comp.state == FERRY__EMPTY)
-            (void)ferry__enqueue(f, u[i], 0, 0, 0, NULL); /* what cannot be queued now: at the wait */
+            (void)ferry__enqueue(f, u[i], 0, 0, 0, NULL);
     ferry__prefetch_ahead(f);
 }
 

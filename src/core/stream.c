@@ -33,7 +33,7 @@ int ferry_event_create(ferry *f, int device, ferry_event **out)
     pthread_mutex_unlock(&f->lock);
     if (!d)
         return ferry__fail_thread(f, FERRY_ENOENT, "event: no device %d (%d devices)", device,
-                                n_devs);
+                                  n_devs);
     ferry_event *ev = ev_new(f, device);
     if (!ev)
         return ferry__fail_thread(f, FERRY_ENOMEM, "event: out of memory");
@@ -43,8 +43,8 @@ int ferry_event_create(ferry *f, int device, ferry_event **out)
             char msg[256];
             free(ev);
             return ferry__fail_thread(f, rc, "%s: cannot create an event: %s",
-                                    f->devs[device].p.name,
-                                    ferry__device_errmsg(d, msg, sizeof msg));
+                                      f->devs[device].p.name,
+                                      ferry__device_errmsg(d, msg, sizeof msg));
         }
     }
     *out = ev;
@@ -66,7 +66,7 @@ int ferry_event_record(ferry_event *ev, void *stream)
     if (rc) {
         char msg[256];
         ferry__fail_thread(f, rc, "%s: cannot record an event: %s", f->devs[ev->dev].p.name,
-                         ferry__device_errmsg(d, msg, sizeof msg));
+                           ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
 }
@@ -147,7 +147,7 @@ int ferry_event_wait(ferry_event *ev, void *stream)
         if (rc) {
             char msg[256];
             ferry__fail_thread(f, rc, "%s: event wait failed: %s", f->devs[d].p.name,
-                             ferry__device_errmsg(dv, msg, sizeof msg));
+                               ferry__device_errmsg(dv, msg, sizeof msg));
         }
     }
     return rc;
@@ -259,7 +259,7 @@ int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, ferry_event
         return ferry_release(f, ts, n);
     if (!f || (n && !ts) || done->f != f || done->prepare)
         return f ? ferry__fail_thread(f, FERRY_EINVAL, "release: the event is not an engine "
-                                    "event of this manager")
+                                      "event of this manager")
                  : FERRY_EINVAL;
     if (!done->h[done->dev])
         return ferry_release(f, ts, n); /* complete: nothing to wait for */

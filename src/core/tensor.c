@@ -88,7 +88,7 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
         }
         if (n)
             return ferry__fail_thread(f, FERRY_EINVAL, "tensor '%s': bytes past its end",
-                                    t->info.name);
+                                      t->info.name);
         return 0;
     }
     pthread_mutex_lock(&f->lock);
@@ -114,8 +114,8 @@ int ferry_tensor_read(ferry *f, ferry_tensor *t, uint64_t off, uint64_t n, void 
     if (rc) {
         char msg[256];
         ferry__fail_thread(f, rc, "%s: tensor '%s': read back failed: %s", f->devs[dev].p.name,
-                         t->info.name,
-                         ferry__device_errmsg(d, msg, sizeof msg));
+                           t->info.name,
+                           ferry__device_errmsg(d, msg, sizeof msg));
     }
     return rc;
 }

@@ -64,7 +64,7 @@ int ferry_trace_start(ferry *f, const char *path)
     if (old) {
         ferry__trace_free(tr);
         return ferry__fail_thread(f, FERRY_EBUSY, "a trace is already being recorded (to %s)",
-                                old->path);
+                                  old->path);
     }
     return 0;
 }
