@@ -197,6 +197,38 @@ static void test_prefix_and_groups(void)
     ferry_destroy(f);
 }
 
+/* policy.lock on a zero-copy tensor: the mapping is locked by the load, before the prepare (or
+ * the group load) returns, on the host and as the home copy of a tensor computed on a device; a
+ * refusal (RLIMIT_MEMLOCK) is counted, not an error. */
+static void test_lock_zero_copy(const char *dev_spec)
+{
+    ferry *f = ferry_create(NULL);
+    int dev = 0;
+    if (strcmp(dev_spec, "cpu") != 0)
+        CHECK_EQ_INT(ferry_add_device(f, dev_spec, &dev), 0);
+    CHECK_EQ_INT(ferry_open(f, g_gguf, NULL), 0);
+    ferry_policy p = {.lock = 1, .compute_device = dev, .load = FERRY_LOAD_MMAP,
+                      .home = FERRY_HOME_HOST};
+    CHECK_EQ_INT(ferry_group_add(f, "out", "output.weight", &p), 0);
+    ferry_tensor *t = ferry_find(f, "output.weight");
+    ferry_tensor_info info;
+    ferry_tensor_get_info(t, &info);
+    CHECK_EQ_INT(ferry_prepare(f, &t, 1), 0);
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    CHECK(st.locked_bytes == info.nbytes || (st.locked_bytes == 0 && st.lock_failures == 1));
+    if (!dev)
+        CHECK(ferry_tensor_data(t) == (void *)(t->file->map + info.offset));
+    CHECK(fixture_same_as_file(f, t));
+    CHECK_EQ_INT(ferry_release(f, &t, 1), 0);
+    CHECK_EQ_INT(ferry_load_group(f, "out"), 0); /* already home: nothing locked twice */
+    ferry_stats again;
+    ferry_get_stats(f, &again);
+    CHECK_EQ_INT(again.locked_bytes, st.locked_bytes);
+    CHECK_EQ_INT(again.lock_failures, st.lock_failures);
+    ferry_destroy(f);
+}
+
 static void test_lazy(void)
 {
     ferry *f = ferry_create(NULL);
@@ -543,6 +575,8 @@ int main(void)
     test_expectations();
     test_prefix_and_groups();
     test_lazy();
+    test_lock_zero_copy("cpu");
+    test_lock_zero_copy("sim:64MiB");
     test_budget_and_eviction();
     test_sim_faults();
     test_sim_budget();

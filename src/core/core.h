@@ -6,7 +6,8 @@
  * Loader threads drop it while they move bytes; a tensor in state LOADING belongs to the loader
  * that runs its job, and nobody else touches its copies until the state changes (then `cond` is
  * broadcast). Device and I/O calls are never made with the lock held, except frees of memory that
- * no job can reach.
+ * no job can reach and ferry_open's parse of the file's headers into the catalog. mlock of a
+ * mapping (policy.lock) is I/O too: a job does it (FILL_LOCK).
  *
  * Lock order: ferry.lock, then ferry.trace_lock (read side: appending to the trace), then the
  * trace's own mutex. An arena load's m (core.h, ferry__arena_load) and a read's wait mutex
@@ -209,6 +210,9 @@ typedef struct ferry__job {
     ferry__lora_term *terms;  /* snapshot of t->terms with their scales (merge only), owned */
     float *scales;
     size_t n_terms;
+    /* FILL_LOCK's outcome, set by the loader without the lock, read under it by finish_job */
+    uint64_t mlocked;         /* bytes it locked from the mapping (0: none) */
+    int mlock_refused;        /* the kernel refused (RLIMIT_MEMLOCK): counted, no error */
 } ferry__job;
 
 /* An event of the public API (stream.c). Engine events have one device handle; a prepare event

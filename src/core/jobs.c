@@ -83,9 +83,9 @@ void ferry__lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len)
     }
 }
 
-static int run_job_inner(ferry *f, ferry__loader_ctx *lc, const ferry__job *j, ferry__err *e);
+static int run_job_inner(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e);
 
-static int run_job(ferry *f, ferry__loader_ctx *lc, const ferry__job *j, ferry__err *e)
+static int run_job(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e)
 {
     double t0 = ferry__tracing(f) ? ferry__now() : 0;
     int rc = run_job_inner(f, lc, j, e);
@@ -136,15 +136,25 @@ static int populate(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, ferry__err
     return rc;
 }
 
-static int run_job_inner(ferry *f, ferry__loader_ctx *lc, const ferry__job *j, ferry__err *e)
+static int run_job_inner(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e)
 {
     ferry_tensor *t = j->t;
     int fill = j->fill;
     if (fill & FILL_POPULATE) {
         int rc = populate(f, lc, t, e);
-        if (rc || fill == FILL_POPULATE)
+        if (rc)
             return rc;
     }
+    if ((fill & FILL_LOCK) && t->info.nbytes) {
+        /* the mapping of T's bytes (fixed until ferry_destroy); finish_job records it */
+        void *p = (unsigned char *)t->file->map + t->info.offset;
+        if (ferry__host_lock(p, t->info.nbytes, NULL) == 0)
+            j->mlocked = t->info.nbytes;
+        else
+            j->mlock_refused = 1;
+    }
+    if (!(fill & ~(FILL_POPULATE | FILL_LOCK)))
+        return 0;
     int rc = 0;
     if (fill & FILL_HOST) {
         rc = alloc_copy(f, &t->host, t->info.offset % FERRY__IO_ALIGN, e, t);
@@ -208,9 +218,8 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
         if (home == FERRY_HOME_HOST) {
             if (t->zero_copy) {
                 ferry__copy_map(f, t, &t->comp, mapped);
-                ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->comp,
-                                 t->info.nbytes);
-                return t->populated ? 0 : FILL_POPULATE;
+                return (t->populated ? 0 : FILL_POPULATE) |
+                       (ferry__policy_of(f, t)->lock ? FILL_LOCK : 0);
             }
             t->comp.permanent = 1;
             return FILL_COMP;
@@ -222,10 +231,10 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
         t->host.permanent = 1;
         if (t->zero_copy) {
             ferry__copy_map(f, t, &t->host, mapped);
-            ferry__lock_copy(f, ferry__policy_of(f, t)->lock && !t->lazy, &t->host,
-                             t->info.nbytes);
             if (!t->populated)
                 fill |= FILL_POPULATE;
+            if (ferry__policy_of(f, t)->lock)
+                fill |= FILL_LOCK;
         } else {
             fill |= FILL_HOST;
         }
@@ -271,7 +280,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         return ferry__fail(e, FERRY_ECANCELED, "manager is closing");
     int fill = ferry__needs(f, t, home_only);
     if (t->populating)
-        fill &= ~FILL_POPULATE; /* one populate job at a time */
+        fill &= ~(FILL_POPULATE | FILL_LOCK); /* one populate or lock job at a time */
     if (!fill)
         return 0;
     ferry__mem hm = {0}, cm = {0};
@@ -319,7 +328,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         ferry__copy_loading(f, t, &t->host, hm);
     if (fill & FILL_COMP)
         ferry__copy_loading(f, t, &t->comp, cm);
-    if (fill & FILL_POPULATE)
+    if (fill & (FILL_POPULATE | FILL_LOCK))
         t->populating = 1;
     t->load_gen++;
     t->used = 1;
@@ -411,16 +420,39 @@ void ferry__release_one(ferry *f, ferry_tensor *t)
     ferry__drop_if_unkept(f, t);
 }
 
+/* Records job J's mlock of its tensor's mapping on the copy that is the mapping, or undoes it
+ * when that copy went meanwhile. Lock held. */
+static void settle_lock(ferry *f, const ferry__job *j)
+{
+    ferry_tensor *t = j->t;
+    if (j->mlock_refused)
+        ferry__add_stat(&f->a_lock_failures, 1);
+    if (!j->mlocked)
+        return;
+    ferry__copy *c = t->comp.state == FERRY__READY && t->comp.mapped   ? &t->comp
+                     : t->host.state == FERRY__READY && t->host.mapped ? &t->host
+                                                                       : NULL;
+    if (!c) {
+        ferry__host_unlock((unsigned char *)t->file->map + t->info.offset, j->mlocked);
+    } else if (!c->locked) { /* else the same range is locked and recorded already */
+        c->locked = j->mlocked;
+        ferry__add_stat(&f->a_locked_bytes, j->mlocked);
+    }
+}
+
 void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__err *e)
 {
     ferry_tensor *t = j->t;
     if (j->prefetch)
         f->inflight_prefetch--;
-    if (fill & FILL_POPULATE) {
+    if (fill & FILL_LOCK)
+        settle_lock(f, j);
+    if (fill & (FILL_POPULATE | FILL_LOCK)) {
         /* The mapping works without it: a failed populate leaves the pages to fault in. */
         t->populating = 0;
-        t->populated = 1;
-        if (fill == FILL_POPULATE)
+        if (fill & FILL_POPULATE)
+            t->populated = 1;
+        if (!(fill & ~(FILL_POPULATE | FILL_LOCK)))
             return;
     }
     if (rc) {

@@ -31,6 +31,7 @@ enum {
     FILL_HOST = 1,     /* read the pristine host copy */
     FILL_COMP = 2,     /* stage the copy the engine gets */
     FILL_POPULATE = 4, /* bring a zero-copy tensor's pages into the page cache, in bulk */
+    FILL_LOCK = 8,     /* mlock the copy that is the mapping (policy.lock): I/O, so in the job */
 };
 
 static inline int ferry__host_side(const ferry *f, int dev)
