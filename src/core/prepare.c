@@ -292,7 +292,7 @@ static void arena_read(ferry *f, ferry__arena_load *L, load_progress *p)
 }
 
 /* Makes the claimed copies READY, or EMPTY with the error when their read failed (their pages
- * given back); the first failure becomes the manager's message and the return value. As
+ * given back); the first failure goes into E and is the return value. As
  * finish_job does for a job's copy: a copy whose adapter set changed while it was read is stale,
  * and one nobody holds is dropped if its tensor no longer wants it. Lock held. */
 static int arena_settle(ferry *f, ferry__arena_load *L, ferry__err *e)
