@@ -28,6 +28,7 @@
 #include "io/io.h"
 #include "lora/lora.h"
 #include "sched/evict.h"
+#include "sched/prefetch.h"
 #include "sched/sched.h"
 #include "util/util.h"
 
@@ -288,6 +289,8 @@ struct ferry {
     uint64_t clock;           /* LRU clock */
     unsigned inflight_prefetch;
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
+    ferry__pf_follow follow;  /* prefetch in file order before a schedule (sched/prefetch.h) */
+    size_t follow_tensors;    /* n_tensors when follow's file order was set */
 
     ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
                                  side, appended to under its read side */

@@ -375,6 +375,22 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
     return t->comp.state == FERRY__EMPTY ? FERRY__PF_ABSENT : FERRY__PF_AHEAD;
 }
 
+/* As pf_probe, for the prefetch that follows the file order: a guess never loads a home copy
+ * (held for good, it would take its room from the budget at the guess's risk), only copies that
+ * come and go: a home-disk tensor's copy, or one staged from a home copy already loaded. */
+static ferry__pf_state pf_probe_follow(void *ctx, uint32_t id, uint64_t *bytes)
+{
+    ferry *f = ctx;
+    ferry__pf_state st = pf_probe(ctx, id, bytes);
+    if (st != FERRY__PF_ABSENT)
+        return st;
+    const ferry_tensor *t = f->all[id];
+    ferry_home home = ferry__effective_home(f, t);
+    if (home == FERRY_HOME_DISK || (home == FERRY_HOME_HOST && t->host.state == FERRY__READY))
+        return st;
+    return FERRY__PF_SKIP;
+}
+
 /* Queues a prefetch of ID, evicting only copies used later than K prepares from now. */
 static int pf_queue(void *ctx, uint32_t id, size_t k)
 {
@@ -386,7 +402,8 @@ static int pf_queue(void *ctx, uint32_t id, size_t k)
 }
 
 /* Queues prefetches of what the schedule says comes next, within a window of the last prepared
- * set's bytes (the W of "M - B + W": it hides the reads behind the compute of the current set). */
+ * set's bytes (the W of "M - B + W": it hides the reads behind the compute of the current set);
+ * before a schedule exists, of what comes next in file order while the prepares follow it. */
 void ferry__prefetch_ahead(ferry *f)
 {
     if (f->closing || f->inflight_prefetch >= FERRY__MAX_PREFETCH)
@@ -394,7 +411,82 @@ void ferry__prefetch_ahead(ferry *f)
     ferry__pf_limits lim = {.window = f->last_set_bytes,
                             .scan = FERRY__PREFETCH_SCAN,
                             .slots = FERRY__MAX_PREFETCH - f->inflight_prefetch};
-    ferry__prefetch_plan(&f->sched, lim, pf_probe, pf_queue, f);
+    if (f->sched.complete)
+        ferry__prefetch_plan(&f->sched, lim, pf_probe, pf_queue, f);
+    else
+        ferry__prefetch_plan_follow(&f->follow, &f->sched, lim, pf_probe_follow, pf_queue, f);
+}
+
+typedef struct file_key {
+    size_t file;   /* the file's rank in the order files were opened */
+    uint64_t offset;
+    uint32_t uid;
+} file_key;
+
+static int file_key_cmp(const void *a, const void *b)
+{
+    const file_key *x = a, *y = b;
+    if (x->file != y->file)
+        return x->file < y->file ? -1 : 1;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+/* Gives the follower the catalog's tensors in file order (files in the order they were opened,
+ * the tensors of each by data offset) when files were opened since it last got them. Without
+ * memory for it the follower has no order and plans nothing. Lock held. */
+static void follow_order(ferry *f)
+{
+    if (f->follow_tensors == f->n_tensors || !f->sched.enabled)
+        return;
+    f->follow_tensors = f->n_tensors;
+    size_t n = f->n_tensors, n_files = 0;
+    file_key *k = malloc((n ? n : 1) * sizeof *k);
+    const ferry__iofile **files = malloc((n ? n : 1) * sizeof *files);
+    uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (k && files && ids) {
+        for (size_t i = 0; i < n; i++) {
+            const ferry_tensor *t = f->tensors[i];
+            size_t r = n_files;
+            /* a file's tensors are neighbours in the catalog: look from the last file back */
+            while (r > 0 && files[r - 1] != t->file)
+                r--;
+            if (r == 0) {
+                files[n_files++] = t->file;
+                r = n_files;
+            }
+            k[i] = (file_key){.file = r - 1, .offset = t->info.offset, .uid = t->uid};
+        }
+        qsort(k, n, sizeof *k, file_key_cmp);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = k[i].uid;
+        if (ferry__pf_follow_set_order(&f->follow, ids, n, f->n_all))
+            ferry__pf_follow_free(&f->follow);
+    } else {
+        ferry__pf_follow_free(&f->follow);
+    }
+    free(k);
+    free(files);
+    free(ids);
+}
+
+void ferry__prefetch_note(ferry *f, ferry_tensor *const *u, size_t nu)
+{
+    if (!f->sched.enabled)
+        return;
+    follow_order(f);
+    uint32_t local[64];
+    uint32_t *ids = nu <= 64 ? local : malloc(nu * sizeof *ids);
+    if (!ids) {
+        ferry__pf_follow_free(&f->follow); /* cannot follow this set: follow nothing */
+        return;
+    }
+    for (size_t i = 0; i < nu; i++)
+        ids[i] = u[i]->uid;
+    ferry__pf_follow_touch(&f->follow, &f->sched, ids, nu);
+    if (ids != local)
+        free(ids);
 }
 
 /* After the last release: a copy of an old LoRA epoch goes (re-staged at the next prepare);

@@ -83,8 +83,12 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only);
  * NULL: a hint's failure is nobody's error). */
 int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist,
                    ferry__err *e);
-/* Queues prefetches of what the schedule says comes next (sched/prefetch.h). */
+/* Queues prefetches of what the schedule says comes next, or before one exists what follows in
+ * file order (sched/prefetch.h). */
 void ferry__prefetch_ahead(ferry *f);
+/* Tells the file-order prefetch (sched/prefetch.h, ferry__pf_follow) that the units U were
+ * prepared, after the schedule recorded them. Lock held. */
+void ferry__prefetch_note(ferry *f, ferry_tensor *const *u, size_t nu);
 void ferry__job_recycle(ferry *f, ferry__job *j);
 /* Settles job J's copies after it ran: READY, or EMPTY with RC, E's message kept in the tensor
  * (fail_msg) for the prepare that waits on it. */

@@ -105,6 +105,7 @@ ferry *ferry_create(const ferry_options *opt)
     f->evictor = ferry__evict_cyclic(&f->sched);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
+    ferry__pf_follow_init(&f->follow);
     f->io = ferry__io_create(f->opt.io_threads);
     if (!f->io || ferry__loaders_start(f))
         goto fail;
@@ -169,6 +170,7 @@ void ferry_destroy(ferry *f)
     free(f->missing_names);
     free(f->missing_expect);
     ferry__sched_free(&f->sched);
+    ferry__pf_follow_free(&f->follow);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
     pthread_rwlock_destroy(&f->trace_lock);

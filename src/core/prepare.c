@@ -498,8 +498,14 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
     if (rc) {
         /* The set's other loads still in flight settle before the failure is returned, so that
          * a failed call leaves none of its set loading. */
+        /* Before a schedule, the prefetches this wait queued on a guess settle too, and the
+         * next prepare starts following the file order again from where it is. */
+        int guesses = from_prepare && !f->sched.complete && f->follow.started &&
+                      !f->follow.stopped;
+        if (guesses)
+            ferry__pf_follow_reset(&f->follow);
         for (int busy = 1; busy && !f->closing;) {
-            busy = 0;
+            busy = guesses && f->inflight_prefetch;
             for (size_t i = 0; i < n && !busy; i++)
                 busy = ts[i]->comp.state == FERRY__LOADING ||
                        ts[i]->host.state == FERRY__LOADING || ts[i]->populating;
@@ -567,6 +573,7 @@ int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
         ferry__sched_touch(&f->sched, u[i]->uid);
         set_bytes += u[i]->out_bytes;
     }
+    ferry__prefetch_note(f, u, nu);
     f->last_set_bytes = set_bytes;
     *out = u;
     *nout = nu;

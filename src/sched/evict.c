@@ -43,6 +43,10 @@ static int cyclic_order(void *state, const ferry__evict_cand *c, uint64_t min_di
         *order = r == UINT64_MAX ? UINT64_MAX : UINT64_MAX / 2 + r;
         return 1;
     }
+    /* Before a schedule, a prefetch (MIN_DIST > 0: one that follows the file order) leaves the
+     * copies fetched ahead of it: they come first, and evicting them would read them twice. */
+    if (min_dist && c->ahead)
+        return 0;
     if (s->enabled && !s->passes && !s->irregular) {
         /* the first pass keeps what the first complete schedule will keep, not the tail it used
          * last: else the second pass reads a quarter of the model more to trade one set for

@@ -55,7 +55,8 @@ uint32_t ferry__evict_pick(const ferry__evictor *e, ferry__evict_next_fn next, v
  *  - while the first schedule is recorded, the same ranks of the positions recorded so far, so
  *    the first pass leaves the set later passes keep (ids not recorded first, least recently
  *    used of them first; copies fetched ahead last);
- *  - otherwise (recording again after the order changed, or no schedule) least recently used. */
+ *  - otherwise (recording again after the order changed, or no schedule) least recently used;
+ *  - in both of these, a prefetch (MIN_DIST > 0) never takes a copy fetched ahead. */
 ferry__evictor ferry__evict_cyclic(const ferry__sched *s);
 
 #endif
