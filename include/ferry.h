@@ -439,7 +439,8 @@ typedef struct ferry_options {
     uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: the default host
                                    budget (see ferry_set_budget); above the host's RAM or the
                                    memory cgroup's limit, ferry_create fails */
-    int no_schedule;            /* nonzero: never record an access order nor prefetch by it */
+    int no_schedule;            /* nonzero: never record an access order nor prefetch by it,
+                                   nor prefetch in file order before one is recorded */
 } ferry_options;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
@@ -556,7 +557,9 @@ FERRY_API int ferry_validate(ferry *f);
  * pointers are valid; each stays valid and unchanged until the matching ferry_release. Reference
  * counted: a tensor prepared twice must be released twice. On failure no tensor of TS is held.
  * FERRY_ECHANGED, naming the tensor, the file and what changed, when a file of TS is no longer
- * what was opened (see ferry_check_files). Thread-safe. */
+ * what was opened (see ferry_check_files). Thread-safe. Prepares are recorded (the schedule);
+ * while none is complete, each prepare also prefetches what follows TS in file order, as long as
+ * the prepares follow the file order (docs/guide.md, "The first pass: file order"). */
 FERRY_API int ferry_prepare(ferry *f, ferry_tensor *const *ts, size_t n);
 /* Drops one reference of each tensor of TS. Home copies (host, device) stay; any other copy (a
  * staged copy on an accelerator, a home-disk copy on the host, a copy with LoRA merged) stays

@@ -199,6 +199,8 @@ typedef struct ferry__job {
     ferry_tensor *t;
     struct ferry__job *next;
     int prefetch;
+    int guess;                /* a prefetch in file order before a schedule (counted in
+                                 ferry.inflight_guess) */
     int fill;                 /* FILL_HOST | FILL_COMP */
     uint64_t epoch;           /* LoRA epoch when queued */
     /* The placement the job works to, fixed when it is queued: a loader never reads policies or
@@ -288,6 +290,7 @@ struct ferry {
     ferry__evictor evictor;   /* the eviction policy, over sched (sched/evict.h) */
     uint64_t clock;           /* LRU clock */
     unsigned inflight_prefetch;
+    unsigned inflight_guess;  /* of them, queued by the file-order prefetch (job.guess) */
     uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
     ferry__pf_follow follow;  /* prefetch in file order before a schedule (sched/prefetch.h) */
     size_t follow_tensors;    /* n_tensors when follow's file order was set */

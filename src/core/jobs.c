@@ -401,6 +401,19 @@ static int pf_queue(void *ctx, uint32_t id, size_t k)
     return rc ? -1 : f->inflight_prefetch > before;
 }
 
+/* As pf_queue, for the prefetch that follows the file order: the job (the last queued) is marked
+ * a guess, which a failed prepare waits for (prepare.c, bring_wait). */
+static int pf_queue_follow(void *ctx, uint32_t id, size_t k)
+{
+    ferry *f = ctx;
+    int r = pf_queue(ctx, id, k);
+    if (r > 0 && f->queue_tail && f->queue_tail->t == f->all[id] && !f->queue_tail->guess) {
+        f->queue_tail->guess = 1;
+        f->inflight_guess++;
+    }
+    return r;
+}
+
 /* Queues prefetches of what the schedule says comes next, within a window of the last prepared
  * set's bytes (the W of "M - B + W": it hides the reads behind the compute of the current set);
  * before a schedule exists, of what comes next in file order while the prepares follow it. */
@@ -414,7 +427,8 @@ void ferry__prefetch_ahead(ferry *f)
     if (f->sched.complete)
         ferry__prefetch_plan(&f->sched, lim, pf_probe, pf_queue, f);
     else
-        ferry__prefetch_plan_follow(&f->follow, &f->sched, lim, pf_probe_follow, pf_queue, f);
+        ferry__prefetch_plan_follow(&f->follow, &f->sched, lim, pf_probe_follow,
+                                    pf_queue_follow, f);
 }
 
 typedef struct file_key {
@@ -537,6 +551,8 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
     ferry_tensor *t = j->t;
     if (j->prefetch)
         f->inflight_prefetch--;
+    if (j->guess)
+        f->inflight_guess--;
     if (fill & FILL_LOCK)
         settle_lock(f, j);
     if (fill & (FILL_POPULATE | FILL_LOCK)) {

@@ -497,15 +497,13 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
     }
     if (rc) {
         /* The set's other loads still in flight settle before the failure is returned, so that
-         * a failed call leaves none of its set loading. */
-        /* Before a schedule, the prefetches this wait queued on a guess settle too, and the
-         * next prepare starts following the file order again from where it is. */
-        int guesses = from_prepare && !f->sched.complete && f->follow.started &&
-                      !f->follow.stopped;
-        if (guesses)
+         * a failed call leaves none of its set loading. Prefetches queued on a guess of the file
+         * order (before a schedule) settle too, none is queued meanwhile, and the next prepare
+         * follows the file order from where it is. */
+        if (from_prepare && !f->follow.stopped)
             ferry__pf_follow_reset(&f->follow);
         for (int busy = 1; busy && !f->closing;) {
-            busy = guesses && f->inflight_prefetch;
+            busy = from_prepare && f->inflight_guess;
             for (size_t i = 0; i < n && !busy; i++)
                 busy = ts[i]->comp.state == FERRY__LOADING ||
                        ts[i]->host.state == FERRY__LOADING || ts[i]->populating;
