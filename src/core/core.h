@@ -6,8 +6,9 @@
  * Loader threads drop it while they move bytes; a tensor in state LOADING belongs to the loader
  * that runs its job, and nobody else touches its copies until the state changes (then `cond` is
  * broadcast). Device and I/O calls are never made with the lock held, except frees of memory that
- * no job can reach and ferry_open's parse of the file's headers into the catalog. mlock of a
- * mapping (policy.lock) is I/O too: a job does it (FILL_LOCK).
+ * no job can reach. ferry_open parses a file's headers without it and takes it only to commit
+ * the parsed model into the catalog, which changes only under the lock. mlock of a mapping
+ * (policy.lock) is I/O too: a job does it (FILL_LOCK).
  *
  * Lock order: ferry.lock, then ferry.trace_lock (read side: appending to the trace), then the
  * trace's own mutex. An arena load's m (core.h, ferry__arena_load) and a read's wait mutex

@@ -408,33 +408,27 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
     return ferry__publish(f, rc, e);
 }
 
-static int open_locked(ferry *f, const char *path, const char *prefix, ferry__err *e);
-
-int ferry_open(ferry *f, const char *path, const char *prefix)
+/* Whether F takes another open, lock held: not while closing, nor after an open that ran out of
+ * memory half-way (the catalog then holds tensors the manager does not, and a later file's
+ * tensors would not line up). */
+static int open_allowed(ferry *f, const char *path, ferry__err *e)
 {
-    if (!f || !path)
-        return FERRY_EINVAL;
-    ferry__err e[1];
-    ferry__err_clear(e);
-    pthread_mutex_lock(&f->lock);
-    int rc = open_locked(f, path, prefix, e);
-    pthread_mutex_unlock(&f->lock);
-    return ferry__publish(f, rc, e);
-}
-
-static int open_locked(ferry *f, const char *path, const char *prefix, ferry__err *e)
-{
-    size_t before = ferry_catalog_count(f->cat);
-    if (before != f->n_tensors) {
-        /* An earlier open ran out of memory half-way: the catalog holds tensors the manager
-         * does not, and a later file's tensors would not line up. */
+    if (f->closing)
+        return ferry__fail(e, FERRY_ECANCELED, "%s: the manager is closing", path);
+    if (ferry_catalog_count(f->cat) != f->n_tensors)
         return ferry__fail(e, FERRY_ENOMEM,
                            "%s: an earlier open of this manager ran out of memory; create a new "
                            "manager", path);
-    }
-    int rc = ferry_catalog_add(f->cat, path, prefix);
+    return 0;
+}
+
+/* Commits P into F's catalog and makes the manager's tensors for it, lock held. */
+static int open_commit(ferry *f, ferry__catalog_pending *p, const char *path, ferry__err *e)
+{
+    size_t before = ferry_catalog_count(f->cat);
+    int rc = ferry__catalog_commit(f->cat, p, e);
     if (rc)
-        return ferry__fail(e, rc, "%s", ferry_catalog_errmsg(f->cat));
+        return rc;
     size_t after = ferry_catalog_count(f->cat);
     ferry_tensor **ts = realloc(f->tensors, (after ? after : 1) * sizeof *ts);
     if (!ts)
@@ -471,6 +465,34 @@ static int open_locked(ferry *f, const char *path, const char *prefix, ferry__er
         }
     }
     return 0;
+}
+
+/* The files are opened and their headers read without the lock, so other threads keep preparing
+ * and other opens parse at the same time; the state is checked again when the lock is retaken,
+ * and the commit (names checked against what is open by then) is all or nothing. */
+int ferry_open(ferry *f, const char *path, const char *prefix)
+{
+    if (!f || !path)
+        return FERRY_EINVAL;
+    if (!*path)
+        return ferry__fail_thread(f, FERRY_EINVAL, "ferry_open: no path");
+    ferry__err e[1];
+    ferry__err_clear(e);
+    pthread_mutex_lock(&f->lock);
+    int rc = open_allowed(f, path, e);
+    pthread_mutex_unlock(&f->lock);
+    ferry__catalog_pending *p = NULL;
+    if (!rc)
+        rc = ferry__catalog_parse(path, prefix, &p, e);
+    if (!rc) {
+        pthread_mutex_lock(&f->lock);
+        rc = open_allowed(f, path, e);
+        if (!rc)
+            rc = open_commit(f, p, path, e);
+        pthread_mutex_unlock(&f->lock);
+    }
+    ferry__catalog_pending_free(p); /* closes what no commit took: I/O, so without the lock */
+    return ferry__publish(f, rc, e);
 }
 
 const ferry_catalog *ferry_catalog_of(const ferry *f)

@@ -3,10 +3,12 @@
  *
  * ferry_catalog_add opens one model — a GGUF file, a safetensors file, a sharded safetensors index
  * with its shards, or every part of a split GGUF — detecting the format from the content. It
- * works in two phases so that a failure leaves the catalog exactly as it was: first every file is
- * opened and parsed into a staging list, the new names are built and every allocation the commit
- * needs is made; only then are the new files, tensors and metadata appended, by steps that cannot
- * fail. Files stay open (mapped) for the manager, which reaches them through catalog.h.
+ * works in two phases so that a failure leaves the catalog exactly as it was, and so that the
+ * manager can parse without its lock: ferry__catalog_parse opens and parses every file into a
+ * pending set and builds the new entries, touching no catalog; ferry__catalog_commit checks the
+ * names against the catalog, makes every allocation it needs, and only then appends the files,
+ * tensors and metadata by steps that cannot fail. Files stay open (mapped) for the manager, which
+ * reaches them through catalog.h.
  *
  * Headers are read with pread into a heap buffer and parsed from there, never from the mapping:
  * a file truncated while it is opened makes a read come back short, reported as FERRY_ECHANGED
@@ -608,14 +610,121 @@ static void fill_tensor(cat_tensor *ct, const ferry__tdesc *t, ferry_format fmt,
     ct->n_rows = ct->row_elems ? n / ct->row_elems : rows;
 }
 
-static int commit(ferry_catalog *c, staging *s, const char *prefix, ferry__err *e)
-{
-    size_t nt = 0, nm = s->n_extra;
-    for (size_t i = 0; i < s->n; i++)
-        nt += s->v[i].p.n_tensors, nm += s->v[i].p.n_meta;
-    size_t base = c->n_tensors;
-    size_t plen = prefix ? strlen(prefix) : 0;
+/* What ferry__catalog_parse makes: the staged files and the new tensors' entries, names prefixed
+ * and owned here, file indices relative to the staged files, until a commit takes them. */
+struct ferry__catalog_pending {
+    staging s;
+    cat_tensor *t;
+    size_t nt;
+};
 
+/* Builds P's entries from its staged files, under PREFIX. */
+static int build_entries(ferry__catalog_pending *p, const char *prefix, ferry__err *e)
+{
+    staging *s = &p->s;
+    size_t nt = 0;
+    for (size_t i = 0; i < s->n; i++)
+        nt += s->v[i].p.n_tensors;
+    size_t plen = prefix ? strlen(prefix) : 0;
+    p->t = calloc(nt ? nt : 1, sizeof *p->t);
+    if (!p->t)
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory adding %zu tensors", nt);
+    for (size_t i = 0; i < s->n; i++) {
+        ferry__parsed *ps = &s->v[i].p;
+        for (size_t t = 0; t < ps->n_tensors; t++) {
+            cat_tensor *ct = &p->t[p->nt];
+            if (plen) {
+                size_t nl = strlen(ps->tensors[t].name);
+                ct->name = malloc(plen + nl + 1);
+                if (!ct->name)
+                    return ferry__fail(e, FERRY_ENOMEM, "out of memory adding %zu tensors", nt);
+                memcpy(ct->name, prefix, plen);
+                memcpy(ct->name + plen, ps->tensors[t].name, nl + 1);
+            } else {
+                ct->name = ps->tensors[t].name; /* moved: the staging's is left NULL */
+                ps->tensors[t].name = NULL;
+            }
+            fill_tensor(ct, &ps->tensors[t], s->v[i].f->format, (uint32_t)i);
+            p->nt++;
+        }
+    }
+    return 0;
+}
+
+void ferry__catalog_pending_free(ferry__catalog_pending *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->nt; i++)
+        free(p->t[i].name);
+    free(p->t);
+    staging_free(&p->s);
+    free(p);
+}
+
+/* Stages the model at PATH into S: every file opened and parsed, an index's shards or a split
+ * GGUF's parts included. */
+static int stage_model(staging *s, const char *path, ferry__err *e)
+{
+    size_t i0;
+    int rc = stage_open(s, path, &i0, e);
+    if (rc)
+        return rc;
+    head h;
+    head_init(&h, &s->v[0].f->io);
+    int is_index = 0;
+    if ((rc = looks_like_index(&h, &is_index, e))) {
+        head_free(&h);
+        return rc;
+    }
+    if (is_index) {
+        /* The index holds no tensors: it is read, then closed, and its shards take its place. */
+        pending ix = s->v[0];
+        memmove(&s->v[0], &s->v[1], --s->n * sizeof *s->v);
+        rc = add_index(s, path, &h, e);
+        head_free(&h);
+        ferry__iofile_close(&ix.f->io);
+        free(ix.f);
+        return rc;
+    }
+    rc = stage_parse_head(s, 0, &h, e);
+    head_free(&h);
+    if (!rc && s->v[0].f->format == FERRY_FORMAT_GGUF)
+        rc = add_split_parts(s, path, e);
+    return rc;
+}
+
+int ferry__catalog_parse(const char *path, const char *prefix, ferry__catalog_pending **out,
+                         ferry__err *e)
+{
+    *out = NULL;
+    if (!path || !*path)
+        return ferry__fail(e, FERRY_EINVAL, "no path given");
+    ferry__catalog_pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return ferry__fail(e, FERRY_ENOMEM, "%s: out of memory", path);
+    int rc = stage_model(&p->s, path, e);
+    if (!rc)
+        rc = build_entries(p, prefix, e);
+    if (rc) {
+        ferry__catalog_pending_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+int ferry__catalog_commit(ferry_catalog *c, ferry__catalog_pending *p, ferry__err *e)
+{
+    staging *s = &p->s;
+    size_t nt = p->nt, nm = s->n_extra;
+    for (size_t i = 0; i < s->n; i++)
+        nm += s->v[i].p.n_meta;
+    size_t base = c->n_tensors;
+
+    if (c->n_files + s->n > UINT32_MAX)
+        return ferry__fail(e, FERRY_ELIMIT, "%s: a catalog holds at most %lu files",
+                           s->n ? s->v[0].f->io.path : "", (unsigned long)UINT32_MAX);
     if (reserve((void **)&c->tensors, &c->cap_tensors, base + nt, sizeof *c->tensors) ||
         reserve((void **)&c->files, &c->cap_files, c->n_files + s->n, sizeof *c->files) ||
         reserve((void **)&c->meta, &c->cap_meta, c->n_meta + nm, sizeof *c->meta) ||
@@ -623,60 +732,30 @@ static int commit(ferry_catalog *c, staging *s, const char *prefix, ferry__err *
         ferry__hmap_reserve(&c->meta_keys, c->meta_keys.len + nm))
         return ferry__fail(e, FERRY_ENOMEM, "out of memory adding %zu tensors", nt);
 
-    /* New entries are built beyond n_tensors; nothing is visible until n_tensors moves. */
-    size_t built = 0;
-    int rc = 0;
-    for (size_t i = 0; i < s->n && !rc; i++) {
-        ferry__parsed *p = &s->v[i].p;
-        for (size_t t = 0; t < p->n_tensors; t++) {
-            cat_tensor *ct = &c->tensors[base + built];
-            if (plen) {
-                size_t nl = strlen(p->tensors[t].name);
-                ct->name = malloc(plen + nl + 1);
-                if (!ct->name) {
-                    rc = ferry__fail(e, FERRY_ENOMEM, "out of memory adding %zu tensors", nt);
-                    break;
-                }
-                memcpy(ct->name, prefix, plen);
-                memcpy(ct->name + plen, p->tensors[t].name, nl + 1);
-            } else {
-                ct->name = p->tensors[t].name; /* moved */
-                p->tensors[t].name = NULL;
-            }
-            fill_tensor(ct, &p->tensors[t], s->v[i].f->format, (uint32_t)(c->n_files + i));
-            built++;
-        }
-    }
-    /* Names: insert, and on a collision take back what was inserted. Reserved: put cannot fail
-     * with ENOMEM. */
-    size_t inserted = 0;
-    for (; !rc && inserted < built; inserted++) {
-        cat_tensor *ct = &c->tensors[base + inserted];
+    /* Names: insert, and on a collision (with the catalog's or another new one) take back what
+     * was inserted. Reserved: put cannot fail with ENOMEM. */
+    for (size_t i = 0; i < nt; i++) {
+        const cat_tensor *ct = &p->t[i];
         uint64_t other;
-        if (ferry__hmap_put(&c->names, ct->name, base + inserted, &other) == FERRY_EDUP) {
-            const char *ofile = other < base ? c->files[c->tensors[other].file]->io.path
-                                             : s->v[c->tensors[other].file - c->n_files].f->io.path;
-            const char *nfile = s->v[ct->file - c->n_files].f->io.path;
-            rc = ferry__fail(e, FERRY_EDUP, "%s: tensor '%s' is already present from %s", nfile,
-                             ct->name, ofile);
-            break;
-        }
-    }
-    if (rc) {
-        for (size_t j = 0; j < inserted; j++)
-            ferry__hmap_del(&c->names, c->tensors[base + j].name);
-        /* Moved names left NULL behind in staging, so each name is freed exactly once. */
-        for (size_t j = 0; j < built; j++) {
-            free(c->tensors[base + j].name);
-            c->tensors[base + j].name = NULL;
-        }
+        if (ferry__hmap_put(&c->names, ct->name, base + i, &other) != FERRY_EDUP)
+            continue;
+        const char *ofile = other < base ? c->files[c->tensors[other].file]->io.path
+                                         : s->v[p->t[other - base].file].f->io.path;
+        int rc = ferry__fail(e, FERRY_EDUP, "%s: tensor '%s' is already present from %s",
+                             s->v[ct->file].f->io.path, ct->name, ofile);
+        for (size_t j = 0; j < i; j++)
+            ferry__hmap_del(&c->names, p->t[j].name);
         return rc;
     }
 
-    /* From here on nothing can fail. */
-    c->n_tensors += built;
-    for (size_t i = 0; i < built; i++)
-        c->total_bytes += c->tensors[base + i].nbytes;
+    /* From here on nothing can fail. The names now belong to the catalog. */
+    for (size_t i = 0; i < nt; i++) {
+        c->tensors[base + i] = p->t[i];
+        c->tensors[base + i].file += (uint32_t)c->n_files;
+        c->total_bytes += p->t[i].nbytes;
+    }
+    p->nt = 0;
+    c->n_tensors += nt;
     for (size_t i = 0; i < s->n; i++) {
         c->files[c->n_files++] = s->v[i].f;
         s->v[i].f = NULL;
@@ -707,40 +786,11 @@ int ferry_catalog_add(ferry_catalog *c, const char *path, const char *prefix)
     ferry__err_clear(e);
     if (!path || !*path)
         return ferry__fail(e, FERRY_EINVAL, "ferry_catalog_add: no path");
-    staging s;
-    memset(&s, 0, sizeof s);
-    size_t i0;
-    int rc = stage_open(&s, path, &i0, e);
-    if (rc)
-        goto done;
-    head h;
-    head_init(&h, &s.v[0].f->io);
-    int is_index = 0;
-    if ((rc = looks_like_index(&h, &is_index, e))) {
-        head_free(&h);
-        goto done;
-    }
-    if (is_index) {
-        /* The index holds no tensors: it is read, then closed, and its shards take its place. */
-        pending ix = s.v[0];
-        memmove(&s.v[0], &s.v[1], --s.n * sizeof *s.v);
-        rc = add_index(&s, path, &h, e);
-        head_free(&h);
-        ferry__iofile_close(&ix.f->io);
-        free(ix.f);
-        if (rc)
-            goto done;
-    } else {
-        rc = stage_parse_head(&s, 0, &h, e);
-        head_free(&h);
-        if (rc)
-            goto done;
-        if (s.v[0].f->format == FERRY_FORMAT_GGUF && (rc = add_split_parts(&s, path, e)))
-            goto done;
-    }
-    rc = commit(c, &s, prefix, e);
-done:
-    staging_free(&s);
+    ferry__catalog_pending *p;
+    int rc = ferry__catalog_parse(path, prefix, &p, e);
+    if (!rc)
+        rc = ferry__catalog_commit(c, p, e);
+    ferry__catalog_pending_free(p);
     return rc;
 }
 
