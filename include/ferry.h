@@ -518,9 +518,17 @@ FERRY_API int ferry_reserve(ferry *f, int device, uint64_t bytes);
  * the room. A request above the budget itself fails at once. On failure the previous reservation
  * stays. FERRY_ENOENT for an unknown device. Thread-safe. */
 
-/* Opens a model (as ferry_catalog_add) and adds its tensors under PREFIX. */
+/* Opens a model (as ferry_catalog_add) and adds its tensors under PREFIX; all or nothing. The
+ * files are opened and their headers read without the manager's lock, so other threads keep
+ * preparing meanwhile and several threads may open different files at once; the new names are
+ * checked against what is open when the headers have been read. Of two opens whose names clash,
+ * the first to finish reading wins and the other fails with FERRY_EDUP, naming both files, having
+ * added nothing. FERRY_EINVAL for an empty PATH; FERRY_ECANCELED once ferry_destroy has begun;
+ * FERRY_ENOMEM, for every later open too, after an open that ran out of memory half-way (the
+ * manager stays usable for what it has, a new one is needed for more files). */
 FERRY_API int ferry_open(ferry *f, const char *path, const char *prefix);
-/* The manager's catalog, for listing; valid until ferry_destroy. */
+/* The manager's catalog, for listing; valid until ferry_destroy. It grows at each ferry_open and
+ * is read without the manager's lock: list it while no other thread opens a file. */
 FERRY_API const ferry_catalog *ferry_catalog_of(const ferry *f);
 
 /* Defines or extends group NAME: tensors whose names match the glob PATTERN ('*', '?', '[...]')
