@@ -249,7 +249,7 @@ static void test_home_only_load_across_adapter_change(void)
     /* every loader (4 once a sim device is added) busy for about half a second copying to the sim */
     ferry_tensor *s[4] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1"), ferry_find(f, "slow.2"),
                           ferry_find(f, "slow.3")};
-    CHECK_EQ_INT(f->n_loaders, 4);
+    CHECK_EQ_INT(f->jobs.n_loaders, 4);
     CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
     ferry_tensor *t = layer(f, 3);
     loader_arg la = {f, -1};
@@ -419,7 +419,7 @@ static void test_factors_take_pooled_buffer(void)
     int id;
     CHECK_EQ_INT(ferry_lora_add(f, g_lora, 1.0f, NULL, &id), 0);
     pthread_mutex_lock(&f->lock);
-    void *owned = f->adapters[0].factors.base;
+    void *owned = f->lora.adapters[0].factors.base;
     pthread_mutex_unlock(&f->lock);
     if (owned)
         fprintf(stderr, "lora_add: the factors' reservation took a pooled host buffer (%p); "

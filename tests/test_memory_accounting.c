@@ -57,7 +57,7 @@ static void test_failed_prepare_keeps_nothing(void)
     CHECK(ferry_tensor_data(set[0]) == NULL);
     /* let any job of the failed prepare finish */
     pthread_mutex_lock(&f->lock);
-    while (f->queue_head || f->running)
+    while (f->jobs.queue_head || f->jobs.running)
         pthread_cond_wait(&f->cond, &f->lock);
     pthread_mutex_unlock(&f->lock);
     uint64_t r = resident(f, 0);
@@ -285,7 +285,7 @@ static void test_prepare_after_failed_prefetch(void)
     ferry_tensor *s[4] = {ferry_find(f, "slow.0"), ferry_find(f, "slow.1"), ferry_find(f, "slow.2"),
                           ferry_find(f, "slow.3")};
     ferry_tensor *x = ferry_find(f, "x");
-    CHECK_EQ_INT(f->n_loaders, 4);
+    CHECK_EQ_INT(f->jobs.n_loaders, 4);
     CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
     /* every loader (4 once a sim device is added) holds its allocation and copies slowly */
     for (int i = 0; i < 2000; i++) {
@@ -438,7 +438,7 @@ static void test_close_with_queue(void)
         if (k == 0) {
             /* queued home-only jobs too */
             pthread_mutex_lock(&f->lock);
-            int any = f->queue_head != NULL;
+            int any = f->jobs.queue_head != NULL;
             pthread_mutex_unlock(&f->lock);
             CHECK(any);
         }

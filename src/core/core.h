@@ -10,7 +10,7 @@
  * the parsed model into the catalog, which changes only under the lock. mlock of a mapping
  * (policy.lock) is I/O too: a job does it (FILL_LOCK).
  *
- * Lock order: ferry.lock, then ferry.trace_lock (read side: appending to the trace), then the
+ * Lock order: ferry.lock, then ferry.trace.lock (read side: appending to the trace), then the
  * trace's own mutex. An arena load's m (core.h, ferry__arena_load) and a read's wait mutex
  * (transfer.c) are leaves, taken without ferry.lock: the I/O pool's completion callbacks take
  * only them, never ferry.lock.
@@ -84,7 +84,7 @@ typedef struct ferry__copy {
 
 /* One adapter's term on one weight. */
 typedef struct ferry__lora_term {
-    int slot;                 /* index into ferry.adapters */
+    int slot;                 /* index into ferry.lora.adapters */
     ferry__lora_pair *pair;   /* owned by the adapter */
 } ferry__lora_term;
 
@@ -113,7 +113,7 @@ struct ferry_tensor {
     uint32_t uid;             /* index in ferry.all: the schedule's and eviction's numbering */
     ferry_tensor_info info;   /* from the catalog; strings owned by the catalog */
     const ferry__iofile *file;
-    int group;                /* index into ferry.groups; -1 before binding */
+    int group;                /* index into ferry.place.groups; -1 before binding */
     int ignored;
     int optional;
     int bound;                /* placement decided (group fixed) */
@@ -201,7 +201,7 @@ typedef struct ferry__job {
     struct ferry__job *next;
     int prefetch;
     int guess;                /* a prefetch in file order before a schedule (counted in
-                                 ferry.inflight_guess) */
+                                 ferry.prefetch.inflight_guess) */
     int fill;                 /* FILL_HOST | FILL_COMP */
     uint64_t epoch;           /* LoRA epoch when queued */
     /* The placement the job works to, fixed when it is queued: a loader never reads policies or
@@ -243,69 +243,89 @@ typedef struct ferry__fence {
     struct ferry__fence *next;
 } ferry__fence;
 
+/* Each group of fields says which file writes it; everything is under `lock` unless marked. */
 struct ferry {
     pthread_mutex_t lock;
     pthread_cond_t cond;      /* a tensor changed state, a job finished */
     pthread_cond_t work;      /* a job was queued, or closing */
     uint64_t serial;          /* unique among all managers ever created: keys each thread's
                                  last failure (fail.c), never reused */
-    ferry_options opt;
+    ferry_options opt;        /* manager.c, at create (jobs.c reads it) */
 
+    /* manager.c's ferry_open fills cat and tensors; policy.c's ferry__register appends to all */
     ferry_catalog *cat;
     ferry_tensor **tensors;   /* by id (catalog index) */
     size_t n_tensors;
     ferry_tensor **all;       /* by uid: catalog tensors and split parts */
     size_t n_all, cap_all;
-    ferry__hmap expected_missing; /* names expected but absent: key owned by missing_names */
-    char **missing_names;     /* owned; expectations of tensors not (yet) opened */
-    ferry__expect_rec *missing_expect;
-    size_t n_missing;
 
-    ferry__group *groups;
-    size_t n_groups;
-    ferry__rule *rules;
-    size_t n_rules;
-    char **ignore;
-    size_t n_ignore;
-    char **optional;
-    size_t n_optional;
+    struct {                  /* expect.c's; ferry_open takes the entries of tensors it opens */
+        ferry__hmap expected_missing; /* names expected but absent: key owned by missing_names */
+        char **missing_names; /* owned; expectations of tensors not (yet) opened */
+        ferry__expect_rec *missing_expect;
+        size_t n_missing;
+    } expect;
 
-    ferry__dev devs[FERRY_MAX_DEVICES];
+    struct {                  /* manager.c's group, rule and pattern calls; policy.c reads them */
+        ferry__group *groups;
+        size_t n_groups;
+        ferry__rule *rules;
+        size_t n_rules;
+        char **ignore;
+        size_t n_ignore;
+        char **optional;
+        size_t n_optional;
+    } place;
+
+    ferry__dev devs[FERRY_MAX_DEVICES]; /* manager.c adds devices and budgets; memory.c accounts */
     int n_devs;
 
-    ferry__io *io;
-    pthread_t *loaders;
-    unsigned n_loaders, cap_loaders; /* started; room in loaders (set at create) */
-    ferry__job *queue_head, *queue_tail;
-    ferry__job *free_jobs;
-    unsigned running;         /* jobs being executed */
-    int closing;
+    ferry__io *io;            /* manager.c, at create */
+    struct {                  /* jobs.c's; prepare.c unlinks a cancelled load's queued jobs */
+        pthread_t *loaders;
+        unsigned n_loaders, cap_loaders; /* started; room in loaders (set at create) */
+        ferry__job *queue_head, *queue_tail;
+        ferry__job *free_jobs;
+        unsigned running;     /* jobs being executed */
+        int closing;
+    } jobs;
 
-    ferry__adapter_slot *adapters;
-    size_t n_adapters;
-    int next_adapter_id;
-    ferry_lora_mode lora_mode;
-    uint64_t lora_epoch;
+    struct {                  /* lora_glue.c's */
+        ferry__adapter_slot *adapters;
+        size_t n_adapters;
+        int next_adapter_id;
+        ferry_lora_mode lora_mode;
+        uint64_t lora_epoch;
+    } lora;
 
+    /* the schedule: prepare.c records accesses, policy.c sizes it, manager.c resets it */
     ferry__sched sched;
     ferry__evictor evictor;   /* the eviction policy, over sched (sched/evict.h) */
-    uint64_t clock;           /* LRU clock */
-    unsigned inflight_prefetch;
-    unsigned inflight_guess;  /* of them, queued by the file-order prefetch (job.guess) */
-    uint64_t last_set_bytes;  /* bytes of the last prepared set: the prefetch window */
-    ferry__pf_follow follow;  /* prefetch in file order before a schedule (sched/prefetch.h) */
-    size_t follow_tensors;    /* n_tensors when follow's file order was set */
+    uint64_t clock;           /* LRU clock: jobs.c and prepare.c tick it */
+    struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
+        unsigned inflight_prefetch;
+        unsigned inflight_guess; /* of them, queued by the file-order prefetch (job.guess) */
+        uint64_t last_set_bytes; /* bytes of the last prepared set: the prefetch window */
+        ferry__pf_follow follow; /* prefetch in file order before a schedule (sched/prefetch.h) */
+        size_t follow_tensors;   /* n_tensors when follow's file order was set */
+    } prefetch;
 
-    ferry__trace *trace;      /* NULL unless tracing; set and cleared under trace_lock's write
-                                 side, appended to under its read side */
-    pthread_rwlock_t trace_lock; /* after lock in the lock order (see the top of this file) */
+    struct {                  /* trace.c's; manager.c writes out and frees the last at destroy */
+        ferry__trace *tr;     /* NULL unless tracing; set and cleared under lock's write side,
+                                 appended to under its read side */
+        pthread_rwlock_t lock; /* after ferry.lock in the lock order (see the top of this file) */
+    } trace;
     struct {                  /* fence.c's: releases waiting on events, oldest first */
         ferry__fence *head, *tail;
     } fences;
-    ferry_progress_fn progress; /* ferry_set_progress */
-    void *progress_ud;
-    ferry_stats stats;        /* counters; resident/peak filled from devs on read */
-    /* Counters updated without the lock (atomics), merged into stats on read. */
+    struct {                  /* prepare.c's (ferry_set_progress) */
+        ferry_progress_fn fn;
+        void *ud;
+    } progress;
+    ferry_stats stats;        /* counters (prepare.c, memory.c); resident/peak filled from devs
+                                 on read */
+    /* Counters updated without the lock (atomics) by jobs.c, prepare.c and tensor.c, merged into
+     * stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
 };
 
@@ -334,7 +354,7 @@ int ferry__trace_write(ferry__trace *tr, ferry__err *e);
 void ferry__trace_free(ferry__trace *tr);
 static inline int ferry__tracing(const ferry *f)
 {
-    return __atomic_load_n(&f->trace, __ATOMIC_RELAXED) != NULL;
+    return __atomic_load_n(&f->trace.tr, __ATOMIC_RELAXED) != NULL;
 }
 
 /* policy.c */

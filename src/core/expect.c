@@ -1,7 +1,7 @@
 /*
  * expect.c — expectations: the dtype and shape the engine states for a tensor, checked when it is
  * prepared (ferry__check_expect) and, with every other problem a model has, by ferry_validate.
- * An expectation of a tensor no file has yet waits in ferry.missing_*; a file opened later that
+ * An expectation of a tensor no file has yet waits in ferry.expect; a file opened later that
  * has it picks it up (manager.c, ferry_open).
  */
 #include <stdio.h>
@@ -80,28 +80,28 @@ int ferry_expect(ferry *f, const char *name, ferry_dtype dtype, uint32_t ndim,
     /* Not (yet) present: remember it; ferry_validate reports it unless optional, and a file
      * opened later that has it picks the expectation up. */
     uint64_t mi;
-    if (!ferry__hmap_get(&f->expected_missing, name, &mi)) {
-        char **names = realloc(f->missing_names, (f->n_missing + 1) * sizeof *names);
+    if (!ferry__hmap_get(&f->expect.expected_missing, name, &mi)) {
+        char **names = realloc(f->expect.missing_names, (f->expect.n_missing + 1) * sizeof *names);
         if (names)
-            f->missing_names = names;
+            f->expect.missing_names = names;
         ferry__expect_rec *recs =
-            realloc(f->missing_expect, (f->n_missing + 1) * sizeof *recs);
+            realloc(f->expect.missing_expect, (f->expect.n_missing + 1) * sizeof *recs);
         if (recs)
-            f->missing_expect = recs;
+            f->expect.missing_expect = recs;
         char *copy = ferry__strdup(name);
         if (!names || !recs || !copy) {
             free(copy);
             rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
-        names[f->n_missing] = copy;
-        mi = f->n_missing++;
-        if (ferry__hmap_put(&f->expected_missing, copy, mi, NULL)) {
+        names[f->expect.n_missing] = copy;
+        mi = f->expect.n_missing++;
+        if (ferry__hmap_put(&f->expect.expected_missing, copy, mi, NULL)) {
             rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
     }
-    ferry__expect_rec *x = &f->missing_expect[mi];
+    ferry__expect_rec *x = &f->expect.missing_expect[mi];
     x->dtype = dtype;
     x->ndim = ndim;
     memset(x->shape, 0, sizeof x->shape);
@@ -137,15 +137,15 @@ int ferry_validate(ferry *f)
             ferry__buf_printf(&long_rep, "%s%s", long_rep.len ? "\n" : "", one.msg);
         }
     }
-    for (size_t i = 0; i < f->n_missing; i++) {
-        const char *name = f->missing_names[i];
-        if (!ferry__hmap_get(&f->expected_missing, name, NULL))
+    for (size_t i = 0; i < f->expect.n_missing; i++) {
+        const char *name = f->expect.missing_names[i];
+        if (!ferry__hmap_get(&f->expect.expected_missing, name, NULL))
             continue; /* found in a file opened later */
         int ignored = 0, optional = 0;
-        for (size_t k = 0; k < f->n_ignore; k++)
-            ignored |= ferry__glob(f->ignore[k], name);
-        for (size_t k = 0; k < f->n_optional; k++)
-            optional |= ferry__glob(f->optional[k], name);
+        for (size_t k = 0; k < f->place.n_ignore; k++)
+            ignored |= ferry__glob(f->place.ignore[k], name);
+        for (size_t k = 0; k < f->place.n_optional; k++)
+            optional |= ferry__glob(f->place.optional[k], name);
         if (!ignored && !optional) {
             ferry__fail_append(rep, FERRY_ENOENT,
                                "tensor '%s': required but not found in any opened file", name);

@@ -250,9 +250,9 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
 
 static ferry__job *job_new(ferry *f)
 {
-    ferry__job *j = f->free_jobs;
+    ferry__job *j = f->jobs.free_jobs;
     if (j) {
-        f->free_jobs = j->next;
+        f->jobs.free_jobs = j->next;
         memset(j, 0, sizeof *j);
         return j;
     }
@@ -266,8 +266,8 @@ void ferry__job_recycle(ferry *f, ferry__job *j)
     j->terms = NULL;
     j->scales = NULL;
     j->n_terms = 0;
-    j->next = f->free_jobs;
-    f->free_jobs = j;
+    j->next = f->jobs.free_jobs;
+    f->jobs.free_jobs = j;
 }
 
 /* Queues a job bringing T to where it is used (or, with HOME_ONLY, to its home). MIN_DIST: only
@@ -276,7 +276,7 @@ void ferry__job_recycle(ferry *f, ferry__job *j)
 int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint64_t min_dist,
                    ferry__err *e)
 {
-    if (f->closing)
+    if (f->jobs.closing)
         return ferry__fail(e, FERRY_ECANCELED, "manager is closing");
     int fill = ferry__needs(f, t, home_only);
     if (t->populating)
@@ -333,7 +333,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     t->load_gen++;
     t->used = 1;
     t->failed_prefetch = 0;
-    j->epoch = f->lora_epoch;
+    j->epoch = f->lora.lora_epoch;
     j->out_dtype = t->out_dtype;
     j->out_bytes = t->out_bytes;
     j->transformed = ferry__transformed(t);
@@ -343,13 +343,13 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     j->prefetch = prefetch;
     j->fill = fill;
     j->next = NULL;
-    if (f->queue_tail)
-        f->queue_tail->next = j;
+    if (f->jobs.queue_tail)
+        f->jobs.queue_tail->next = j;
     else
-        f->queue_head = j;
-    f->queue_tail = j;
+        f->jobs.queue_head = j;
+    f->jobs.queue_tail = j;
     if (prefetch)
-        f->inflight_prefetch++;
+        f->prefetch.inflight_prefetch++;
     pthread_cond_signal(&f->work);
     return 0;
 }
@@ -367,7 +367,7 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
             return FERRY__PF_SKIP;
     }
     if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||
-        (t->group >= 0 && f->groups[t->group].removing))
+        (t->group >= 0 && f->place.groups[t->group].removing))
         return FERRY__PF_SKIP;
     if (t->comp.state == FERRY__READY && !t->comp.ahead)
         return FERRY__PF_KEPT;
@@ -395,10 +395,10 @@ static ferry__pf_state pf_probe_follow(void *ctx, uint32_t id, uint64_t *bytes)
 static int pf_queue(void *ctx, uint32_t id, size_t k)
 {
     ferry *f = ctx;
-    unsigned before = f->inflight_prefetch;
+    unsigned before = f->prefetch.inflight_prefetch;
     /* a hint that does not fit is no error */
     int rc = ferry__enqueue(f, f->all[id], 0, 1, k, NULL);
-    return rc ? -1 : f->inflight_prefetch > before;
+    return rc ? -1 : f->prefetch.inflight_prefetch > before;
 }
 
 /* As pf_queue, for the prefetch that follows the file order: the job (the last queued) is marked
@@ -407,9 +407,9 @@ static int pf_queue_follow(void *ctx, uint32_t id, size_t k)
 {
     ferry *f = ctx;
     int r = pf_queue(ctx, id, k);
-    if (r > 0 && f->queue_tail && f->queue_tail->t == f->all[id] && !f->queue_tail->guess) {
-        f->queue_tail->guess = 1;
-        f->inflight_guess++;
+    if (r > 0 && f->jobs.queue_tail && f->jobs.queue_tail->t == f->all[id] && !f->jobs.queue_tail->guess) {
+        f->jobs.queue_tail->guess = 1;
+        f->prefetch.inflight_guess++;
     }
     return r;
 }
@@ -419,15 +419,15 @@ static int pf_queue_follow(void *ctx, uint32_t id, size_t k)
  * before a schedule exists, of what comes next in file order while the prepares follow it. */
 void ferry__prefetch_ahead(ferry *f)
 {
-    if (f->closing || f->inflight_prefetch >= FERRY__MAX_PREFETCH)
+    if (f->jobs.closing || f->prefetch.inflight_prefetch >= FERRY__MAX_PREFETCH)
         return;
-    ferry__pf_limits lim = {.window = f->last_set_bytes,
+    ferry__pf_limits lim = {.window = f->prefetch.last_set_bytes,
                             .scan = FERRY__PREFETCH_SCAN,
-                            .slots = FERRY__MAX_PREFETCH - f->inflight_prefetch};
+                            .slots = FERRY__MAX_PREFETCH - f->prefetch.inflight_prefetch};
     if (f->sched.complete)
         ferry__prefetch_plan(&f->sched, lim, pf_probe, pf_queue, f);
     else
-        ferry__prefetch_plan_follow(&f->follow, &f->sched, lim, pf_probe_follow,
+        ferry__prefetch_plan_follow(&f->prefetch.follow, &f->sched, lim, pf_probe_follow,
                                     pf_queue_follow, f);
 }
 
@@ -452,9 +452,9 @@ static int file_key_cmp(const void *a, const void *b)
  * memory for it the follower has no order and plans nothing. Lock held. */
 static void follow_order(ferry *f)
 {
-    if (f->follow_tensors == f->n_tensors || !f->sched.enabled)
+    if (f->prefetch.follow_tensors == f->n_tensors || !f->sched.enabled)
         return;
-    f->follow_tensors = f->n_tensors;
+    f->prefetch.follow_tensors = f->n_tensors;
     size_t n = f->n_tensors, n_files = 0;
     file_key *k = malloc((n ? n : 1) * sizeof *k);
     const ferry__iofile **files = malloc((n ? n : 1) * sizeof *files);
@@ -475,10 +475,10 @@ static void follow_order(ferry *f)
         qsort(k, n, sizeof *k, file_key_cmp);
         for (size_t i = 0; i < n; i++)
             ids[i] = k[i].uid;
-        if (ferry__pf_follow_set_order(&f->follow, ids, n, f->n_all))
-            ferry__pf_follow_free(&f->follow);
+        if (ferry__pf_follow_set_order(&f->prefetch.follow, ids, n, f->n_all))
+            ferry__pf_follow_free(&f->prefetch.follow);
     } else {
-        ferry__pf_follow_free(&f->follow);
+        ferry__pf_follow_free(&f->prefetch.follow);
     }
     free(k);
     free(files);
@@ -493,12 +493,12 @@ void ferry__prefetch_note(ferry *f, ferry_tensor *const *u, size_t nu)
     uint32_t local[64];
     uint32_t *ids = nu <= 64 ? local : malloc(nu * sizeof *ids);
     if (!ids) {
-        ferry__pf_follow_free(&f->follow); /* cannot follow this set: follow nothing */
+        ferry__pf_follow_free(&f->prefetch.follow); /* cannot follow this set: follow nothing */
         return;
     }
     for (size_t i = 0; i < nu; i++)
         ids[i] = u[i]->uid;
-    ferry__pf_follow_touch(&f->follow, &f->sched, ids, nu);
+    ferry__pf_follow_touch(&f->prefetch.follow, &f->sched, ids, nu);
     if (ids != local)
         free(ids);
 }
@@ -550,9 +550,9 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
 {
     ferry_tensor *t = j->t;
     if (j->prefetch)
-        f->inflight_prefetch--;
+        f->prefetch.inflight_prefetch--;
     if (j->guess)
-        f->inflight_guess--;
+        f->prefetch.inflight_guess--;
     if (fill & FILL_LOCK)
         settle_lock(f, j);
     if (fill & (FILL_POPULATE | FILL_LOCK)) {
@@ -589,7 +589,7 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             t->comp.merged = j->n_terms > 0;
             ferry__copy_ready(f, t, &t->comp);
             /* The adapter set changed while this ran: the copy is of the old epoch. */
-            if (j->epoch != f->lora_epoch && (t->comp.merged || t->merge || t->n_terms))
+            if (j->epoch != f->lora.lora_epoch && (t->comp.merged || t->merge || t->n_terms))
                 t->stale = 1;
             /* On the host, an unmerged home copy made from the pristine host copy makes that
              * one redundant (it was kept for merges). */
@@ -613,35 +613,35 @@ static void *loader_main(void *arg)
     ferry__err *e = malloc(sizeof *e);
     pthread_mutex_lock(&f->lock);
     for (;;) {
-        while (!f->queue_head && !f->closing)
+        while (!f->jobs.queue_head && !f->jobs.closing)
             pthread_cond_wait(&f->work, &f->lock);
-        ferry__job *j = f->queue_head;
+        ferry__job *j = f->jobs.queue_head;
         if (!j)
             break; /* closing and drained */
-        f->queue_head = j->next;
-        if (!f->queue_head)
-            f->queue_tail = NULL;
+        f->jobs.queue_head = j->next;
+        if (!f->jobs.queue_head)
+            f->jobs.queue_tail = NULL;
         int fill = j->fill;
         int rc;
         if (!e) /* refused at the loader's start: asked again, or this job fails, not all */
             e = malloc(sizeof *e);
-        if (f->closing || !e) {
-            rc = f->closing ? FERRY_ECANCELED : FERRY_ENOMEM;
+        if (f->jobs.closing || !e) {
+            rc = f->jobs.closing ? FERRY_ECANCELED : FERRY_ENOMEM;
             if (e)
                 ferry__fail(e, rc, "tensor '%s': load cancelled (closing)", j->t->info.name);
         } else {
-            f->running++;
+            f->jobs.running++;
             pthread_mutex_unlock(&f->lock);
             ferry__err_clear(e);
             rc = run_job(f, &lc, j, e);
             pthread_mutex_lock(&f->lock);
-            f->running--;
+            f->jobs.running--;
         }
         ferry__err fallback = {.code = FERRY_ENOMEM, .msg = "out of memory"};
         ferry__finish_job(f, j, fill, rc, e ? e : &fallback);
         int was_prefetch = j->prefetch;
         ferry__job_recycle(f, j);
-        if (!f->running && f->n_adapters)
+        if (!f->jobs.running && f->lora.n_adapters)
             ferry__lora_sweep(f);
         pthread_cond_broadcast(&f->cond);
         if (was_prefetch && !rc)
@@ -662,10 +662,10 @@ static void *loader_main(void *arg)
 
 static int loaders_add(ferry *f, unsigned want)
 {
-    for (unsigned i = f->n_loaders; i < want && i < f->cap_loaders; i++) {
-        if (pthread_create(&f->loaders[i], NULL, loader_main, f) != 0)
+    for (unsigned i = f->jobs.n_loaders; i < want && i < f->jobs.cap_loaders; i++) {
+        if (pthread_create(&f->jobs.loaders[i], NULL, loader_main, f) != 0)
             return FERRY_ENOMEM;
-        f->n_loaders = i + 1;
+        f->jobs.n_loaders = i + 1;
     }
     return 0;
 }
@@ -673,9 +673,9 @@ static int loaders_add(ferry *f, unsigned want)
 int ferry__loaders_start(ferry *f)
 {
     unsigned n = f->opt.io_threads < 2 ? 2 : f->opt.io_threads;
-    f->cap_loaders = n < FERRY__DEVICE_LOADERS ? FERRY__DEVICE_LOADERS : n;
-    f->loaders = calloc(f->cap_loaders, sizeof *f->loaders);
-    if (!f->loaders)
+    f->jobs.cap_loaders = n < FERRY__DEVICE_LOADERS ? FERRY__DEVICE_LOADERS : n;
+    f->jobs.loaders = calloc(f->jobs.cap_loaders, sizeof *f->jobs.loaders);
+    if (!f->jobs.loaders)
         return FERRY_ENOMEM;
     return loaders_add(f, n);
 }
@@ -688,19 +688,19 @@ void ferry__loaders_for_device(ferry *f)
 
 void ferry__loaders_stop(ferry *f)
 {
-    if (!f->loaders)
+    if (!f->jobs.loaders)
         return;
     pthread_mutex_lock(&f->lock);
-    f->closing = 1;
+    f->jobs.closing = 1;
     pthread_cond_broadcast(&f->work);
     pthread_mutex_unlock(&f->lock);
-    for (unsigned i = 0; i < f->n_loaders; i++)
-        pthread_join(f->loaders[i], NULL);
-    free(f->loaders);
-    f->loaders = NULL;
-    while (f->free_jobs) {
-        ferry__job *j = f->free_jobs;
-        f->free_jobs = j->next;
+    for (unsigned i = 0; i < f->jobs.n_loaders; i++)
+        pthread_join(f->jobs.loaders[i], NULL);
+    free(f->jobs.loaders);
+    f->jobs.loaders = NULL;
+    while (f->jobs.free_jobs) {
+        ferry__job *j = f->jobs.free_jobs;
+        f->jobs.free_jobs = j->next;
         free(j);
     }
 }

@@ -20,16 +20,16 @@
 
 static ferry__adapter_slot *slot_by_id(ferry *f, int id)
 {
-    for (size_t i = 0; i < f->n_adapters; i++)
-        if (f->adapters[i].id == id && !f->adapters[i].removed)
-            return &f->adapters[i];
+    for (size_t i = 0; i < f->lora.n_adapters; i++)
+        if (f->lora.adapters[i].id == id && !f->lora.adapters[i].removed)
+            return &f->lora.adapters[i];
     return NULL;
 }
 
 /* Recomputes every weight's terms from the active adapters and deals with stale copies. */
 static int apply_set_change(ferry *f, ferry__err *e)
 {
-    f->lora_epoch++;
+    f->lora.lora_epoch++;
     uint8_t *had = calloc(f->n_tensors ? f->n_tensors : 1, 1);
     if (!had)
         return ferry__fail(e, FERRY_ENOMEM, "out of memory");
@@ -41,8 +41,8 @@ static int apply_set_change(ferry *f, ferry__err *e)
         t->n_terms = 0;
     }
     int rc = 0;
-    for (size_t s = 0; s < f->n_adapters && !rc; s++) {
-        ferry__adapter_slot *sl = &f->adapters[s];
+    for (size_t s = 0; s < f->lora.n_adapters && !rc; s++) {
+        ferry__adapter_slot *sl = &f->lora.adapters[s];
         if (sl->removed || !sl->a)
             continue;
         for (size_t k = 0; k < sl->a->n_pairs; k++) {
@@ -114,24 +114,24 @@ static int apply_set_change(ferry *f, ferry__err *e)
 int ferry__lora_decide(ferry *f, ferry_tensor *t, ferry__err *e)
 {
     t->merge = 0;
-    if (!t->n_terms || f->lora_mode != FERRY_LORA_MERGE)
+    if (!t->n_terms || f->lora.lora_mode != FERRY_LORA_MERGE)
         return 0;
     if (!t->lazy && ferry__dtype_readable(t->info.dtype) && ferry__dtype_writable(t->out_dtype)) {
         t->merge = 1;
         return 0;
     }
     for (size_t k = 0; k < t->n_terms; k++) {
-        ferry__adapter_slot *sl = &f->adapters[t->terms[k].slot];
+        ferry__adapter_slot *sl = &f->lora.adapters[t->terms[k].slot];
         if (sl->required)
             return ferry__fail(e, FERRY_ELORA,
                                "%s: tensor '%s' (%s%s) cannot take a merge of required adapter %s",
                                t->info.file, t->info.name, ferry_dtype_name(t->out_dtype),
                                t->lazy ? ", lazy" : "", sl->a->path);
     }
-    if (t->skip_epoch != f->lora_epoch) {
-        t->skip_epoch = f->lora_epoch;
+    if (t->skip_epoch != f->lora.lora_epoch) {
+        t->skip_epoch = f->lora.lora_epoch;
         for (size_t k = 0; k < t->n_terms; k++)
-            f->adapters[t->terms[k].slot].skipped++;
+            f->lora.adapters[t->terms[k].slot].skipped++;
     }
     return 0;
 }
@@ -147,7 +147,7 @@ int ferry__lora_snapshot(ferry *f, ferry_tensor *t, ferry__job *j)
         return FERRY_ENOMEM;
     for (size_t k = 0; k < t->n_terms; k++) {
         j->terms[k] = t->terms[k];
-        j->scales[k] = ferry__lora_scale(t->terms[k].pair, f->adapters[t->terms[k].slot].multiplier);
+        j->scales[k] = ferry__lora_scale(t->terms[k].pair, f->lora.adapters[t->terms[k].slot].multiplier);
     }
     j->n_terms = t->n_terms;
     return 0;
@@ -165,20 +165,20 @@ static void slot_free(ferry *f, ferry__adapter_slot *sl)
 
 void ferry__lora_sweep(ferry *f)
 {
-    if (f->running || f->queue_head)
+    if (f->jobs.running || f->jobs.queue_head)
         return;
-    for (size_t s = 0; s < f->n_adapters; s++)
-        if (f->adapters[s].removed && f->adapters[s].a)
-            slot_free(f, &f->adapters[s]);
+    for (size_t s = 0; s < f->lora.n_adapters; s++)
+        if (f->lora.adapters[s].removed && f->lora.adapters[s].a)
+            slot_free(f, &f->lora.adapters[s]);
 }
 
 void ferry__lora_free_all(ferry *f)
 {
-    for (size_t s = 0; s < f->n_adapters; s++)
-        slot_free(f, &f->adapters[s]);
-    free(f->adapters);
-    f->adapters = NULL;
-    f->n_adapters = 0;
+    for (size_t s = 0; s < f->lora.n_adapters; s++)
+        slot_free(f, &f->lora.adapters[s]);
+    free(f->lora.adapters);
+    f->lora.adapters = NULL;
+    f->lora.n_adapters = 0;
     for (size_t i = 0; i < f->n_all; i++) {
         free(f->all[i]->terms);
         f->all[i]->terms = NULL;
@@ -220,17 +220,17 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
         ferry__fail_append(e, 0, "while caching the factors of adapter %s", path);
         goto fail;
     }
-    ferry__adapter_slot *slots = realloc(f->adapters, (f->n_adapters + 1) * sizeof *slots);
+    ferry__adapter_slot *slots = realloc(f->lora.adapters, (f->lora.n_adapters + 1) * sizeof *slots);
     if (!slots) {
         ferry__unreserve(f, FERRY__HOST, &held);
         rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto fail;
     }
-    f->adapters = slots;
-    ferry__adapter_slot *sl = &slots[f->n_adapters];
+    f->lora.adapters = slots;
+    ferry__adapter_slot *sl = &slots[f->lora.n_adapters];
     memset(sl, 0, sizeof *sl);
     sl->a = a;
-    sl->id = f->next_adapter_id++;
+    sl->id = f->lora.next_adapter_id++;
     sl->multiplier = multiplier;
     sl->required = o.required;
     sl->base_prefix = ferry__strdup(o.base_prefix);
@@ -243,7 +243,7 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
             sl->unmatched[sl->n_unmatched] = a->pairs[k].stem;
         sl->n_unmatched++;
     }
-    f->n_adapters++;
+    f->lora.n_adapters++;
     if (id)
         *id = sl->id;
     rc = apply_set_change(f, e);
@@ -314,9 +314,9 @@ int ferry_lora_clear(ferry *f)
     ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int any = 0;
-    for (size_t s = 0; s < f->n_adapters; s++)
-        if (!f->adapters[s].removed) {
-            remove_slot(f, &f->adapters[s]);
+    for (size_t s = 0; s < f->lora.n_adapters; s++)
+        if (!f->lora.adapters[s].removed) {
+            remove_slot(f, &f->lora.adapters[s]);
             any = 1;
         }
     int rc = any ? apply_set_change(f, e) : 0;
@@ -333,8 +333,8 @@ int ferry_lora_set_mode(ferry *f, ferry_lora_mode mode)
     ferry__err_clear(e);
     pthread_mutex_lock(&f->lock);
     int rc = 0;
-    if (f->lora_mode != mode) {
-        f->lora_mode = mode;
+    if (f->lora.lora_mode != mode) {
+        f->lora.lora_mode = mode;
         rc = apply_set_change(f, e);
     }
     pthread_mutex_unlock(&f->lock);
@@ -347,7 +347,7 @@ uint64_t ferry_lora_epoch(const ferry *f)
         return 0;
     ferry *m = (ferry *)f;
     pthread_mutex_lock(&m->lock);
-    uint64_t e = f->lora_epoch;
+    uint64_t e = f->lora.lora_epoch;
     pthread_mutex_unlock(&m->lock);
     return e;
 }
@@ -391,7 +391,7 @@ int ferry_lora_factors(ferry *f, ferry_tensor *t, size_t i, ferry_lora_factor *o
         rc = FERRY_ENOENT;
     } else {
         const ferry__lora_term *term = &t->terms[i];
-        const ferry__adapter_slot *sl = &f->adapters[term->slot];
+        const ferry__adapter_slot *sl = &f->lora.adapters[term->slot];
         out->a = term->pair->a;
         out->b = term->pair->b;
         out->rank = term->pair->rank;

@@ -84,7 +84,7 @@ ferry *ferry_create(const ferry_options *opt)
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
     pthread_cond_init(&f->work, NULL);
-    pthread_rwlock_init(&f->trace_lock, NULL);
+    pthread_rwlock_init(&f->trace.lock, NULL);
     if (ferry__serial_register(&f->serial))
         goto fail;
     char msg[256];
@@ -105,7 +105,7 @@ ferry *ferry_create(const ferry_options *opt)
     f->evictor = ferry__evict_cyclic(&f->sched);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
-    ferry__pf_follow_init(&f->follow);
+    ferry__pf_follow_init(&f->prefetch.follow);
     f->io = ferry__io_create(f->opt.io_threads);
     if (!f->io || ferry__loaders_start(f))
         goto fail;
@@ -122,16 +122,16 @@ void ferry_destroy(ferry *f)
     /* Memory the engine's queued work still reads (releases waiting on events) is waited for
      * first. Then cancel and drain: the loaders finish what they run, drop the queue and exit;
      * only then is memory freed. */
-    if (f->loaders) {
+    if (f->jobs.loaders) {
         pthread_mutex_lock(&f->lock);
         ferry__fences_wait_all(f);
         pthread_mutex_unlock(&f->lock);
     }
     ferry__loaders_stop(f);
-    if (f->trace) {
-        ferry__trace_write(f->trace, NULL);
-        ferry__trace_free(f->trace);
-        f->trace = NULL;
+    if (f->trace.tr) {
+        ferry__trace_write(f->trace.tr, NULL);
+        ferry__trace_free(f->trace.tr);
+        f->trace.tr = NULL;
     }
     if (f->io)
         ferry__io_destroy(f->io);
@@ -152,28 +152,28 @@ void ferry_destroy(ferry *f)
         free(f->devs[d].pool);
         ferry_device_close(f->devs[d].d);
     }
-    for (size_t i = 0; i < f->n_groups; i++)
-        free(f->groups[i].name);
-    free(f->groups);
-    for (size_t i = 0; i < f->n_rules; i++)
-        free(f->rules[i].pattern);
-    free(f->rules);
-    for (size_t i = 0; i < f->n_ignore; i++)
-        free(f->ignore[i]);
-    free(f->ignore);
-    for (size_t i = 0; i < f->n_optional; i++)
-        free(f->optional[i]);
-    free(f->optional);
-    ferry__hmap_free(&f->expected_missing);
-    for (size_t i = 0; i < f->n_missing; i++)
-        free(f->missing_names[i]);
-    free(f->missing_names);
-    free(f->missing_expect);
+    for (size_t i = 0; i < f->place.n_groups; i++)
+        free(f->place.groups[i].name);
+    free(f->place.groups);
+    for (size_t i = 0; i < f->place.n_rules; i++)
+        free(f->place.rules[i].pattern);
+    free(f->place.rules);
+    for (size_t i = 0; i < f->place.n_ignore; i++)
+        free(f->place.ignore[i]);
+    free(f->place.ignore);
+    for (size_t i = 0; i < f->place.n_optional; i++)
+        free(f->place.optional[i]);
+    free(f->place.optional);
+    ferry__hmap_free(&f->expect.expected_missing);
+    for (size_t i = 0; i < f->expect.n_missing; i++)
+        free(f->expect.missing_names[i]);
+    free(f->expect.missing_names);
+    free(f->expect.missing_expect);
     ferry__sched_free(&f->sched);
-    ferry__pf_follow_free(&f->follow);
+    ferry__pf_follow_free(&f->prefetch.follow);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
-    pthread_rwlock_destroy(&f->trace_lock);
+    pthread_rwlock_destroy(&f->trace.lock);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
     ferry__serial_unregister(f->serial);
@@ -353,7 +353,7 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         /* A smaller budget takes effect now for what is cached; what is in use stays. Prefetches
          * in flight hold reservations that cannot be evicted yet: they land first. */
         if (bytes) {
-            while (f->inflight_prefetch && !f->closing)
+            while (f->prefetch.inflight_prefetch && !f->jobs.closing)
                 pthread_cond_wait(&f->cond, &f->lock);
             ferry__shrink(f, device);
         }
@@ -390,7 +390,7 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
         rc = D->budget && bytes > D->budget ? FERRY_EBUDGET
                                             : ferry__reserve_bytes(f, device, more, &m, e);
         /* prefetches in flight hold reservations that become evictable once they land */
-        if (rc != FERRY_EBUDGET || !f->inflight_prefetch || f->closing || bytes > D->budget)
+        if (rc != FERRY_EBUDGET || !f->prefetch.inflight_prefetch || f->jobs.closing || bytes > D->budget)
             break;
         pthread_cond_wait(&f->cond, &f->lock);
     }
@@ -413,7 +413,7 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
  * tensors would not line up). */
 static int open_allowed(ferry *f, const char *path, ferry__err *e)
 {
-    if (f->closing)
+    if (f->jobs.closing)
         return ferry__fail(e, FERRY_ECANCELED, "%s: the manager is closing", path);
     if (ferry_catalog_count(f->cat) != f->n_tensors)
         return ferry__fail(e, FERRY_ENOMEM,
@@ -455,13 +455,13 @@ static int open_commit(ferry *f, ferry__catalog_pending *p, const char *path, fe
         f->n_tensors = i + 1;
         /* An expectation stated before the file was opened applies now. */
         uint64_t mi;
-        if (ferry__hmap_get(&f->expected_missing, t->info.name, &mi)) {
-            const ferry__expect_rec *x = &f->missing_expect[mi];
+        if (ferry__hmap_get(&f->expect.expected_missing, t->info.name, &mi)) {
+            const ferry__expect_rec *x = &f->expect.missing_expect[mi];
             t->has_expect = 1;
             t->expect_dtype = x->dtype;
             t->expect_ndim = x->ndim;
             memcpy(t->expect_shape, x->shape, sizeof t->expect_shape);
-            ferry__hmap_del(&f->expected_missing, t->info.name);
+            ferry__hmap_del(&f->expect.expected_missing, t->info.name);
         }
     }
     return 0;
@@ -502,8 +502,8 @@ const ferry_catalog *ferry_catalog_of(const ferry *f)
 
 static int find_group(const ferry *f, const char *name)
 {
-    for (size_t i = 0; i < f->n_groups; i++)
-        if (!f->groups[i].removed && strcmp(f->groups[i].name, name) == 0)
+    for (size_t i = 0; i < f->place.n_groups; i++)
+        if (!f->place.groups[i].removed && strcmp(f->place.groups[i].name, name) == 0)
             return (int)i;
     return -1;
 }
@@ -518,13 +518,13 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
     int rc = 0;
     int g = find_group(f, name);
     if (g < 0) {
-        ferry__group *gs = realloc(f->groups, (f->n_groups + 1) * sizeof *gs);
+        ferry__group *gs = realloc(f->place.groups, (f->place.n_groups + 1) * sizeof *gs);
         if (!gs) {
             rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
             goto out;
         }
-        f->groups = gs;
-        ferry__group *ng = &gs[f->n_groups];
+        f->place.groups = gs;
+        ferry__group *ng = &gs[f->place.n_groups];
         memset(ng, 0, sizeof *ng);
         ng->name = ferry__strdup(name);
         if (!ng->name) {
@@ -540,25 +540,25 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
             free(ng->name);
             goto out;
         }
-        g = (int)f->n_groups++;
+        g = (int)f->place.n_groups++;
     }
-    ferry__rule *rs = realloc(f->rules, (f->n_rules + 1) * sizeof *rs);
+    ferry__rule *rs = realloc(f->place.rules, (f->place.n_rules + 1) * sizeof *rs);
     if (!rs) {
         rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto out;
     }
-    f->rules = rs;
-    rs[f->n_rules].pattern = ferry__strdup(pattern);
-    rs[f->n_rules].group = g;
-    if (!rs[f->n_rules].pattern) {
+    f->place.rules = rs;
+    rs[f->place.n_rules].pattern = ferry__strdup(pattern);
+    rs[f->place.n_rules].group = g;
+    if (!rs[f->place.n_rules].pattern) {
         rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");
         goto out;
     }
-    f->n_rules++;
+    f->place.n_rules++;
     rc = ferry__rebind_all(f, 1, e);
     if (rc) {
-        f->n_rules--;
-        free(rs[f->n_rules].pattern);
+        f->place.n_rules--;
+        free(rs[f->place.n_rules].pattern);
         goto out;
     }
     ferry__rebind_all(f, 0, NULL);
@@ -598,12 +598,12 @@ out:
 
 int ferry_ignore(ferry *f, const char *pattern)
 {
-    return f ? add_pattern(f, &f->ignore, &f->n_ignore, pattern) : FERRY_EINVAL;
+    return f ? add_pattern(f, &f->place.ignore, &f->place.n_ignore, pattern) : FERRY_EINVAL;
 }
 
 int ferry_optional(ferry *f, const char *pattern)
 {
-    return f ? add_pattern(f, &f->optional, &f->n_optional, pattern) : FERRY_EINVAL;
+    return f ? add_pattern(f, &f->place.optional, &f->place.n_optional, pattern) : FERRY_EINVAL;
 }
 
 int ferry_group_remove(ferry *f, const char *name)
@@ -621,11 +621,11 @@ int ferry_group_remove(ferry *f, const char *name)
     }
     ferry__fences_reap(f); /* releases whose events have completed count as done */
     /* From here on prepares of its tensors are refused, so none can start while this waits. */
-    f->groups[g].removing = 1;
+    f->place.groups[g].removing = 1;
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         if (t->group == g && t->refs > 0) {
-            f->groups[g].removing = 0;
+            f->place.groups[g].removing = 0;
             rc = ferry__fail(e, FERRY_EBUSY,
                              "group '%s': tensor '%s' is prepared (%d references)", name,
                              t->info.name, t->refs);
@@ -652,7 +652,7 @@ int ferry_group_remove(ferry *f, const char *name)
         ferry__drop_copy(f, t, &t->host);
         t->removed = 1;
     }
-    f->groups[g].removed = 1;
+    f->place.groups[g].removed = 1;
     ferry__sched_reset(&f->sched);
 out:
     pthread_mutex_unlock(&f->lock);

@@ -14,7 +14,7 @@ static ferry_placement place(ferry *f, ferry_tensor *t, ferry_plan_totals *tot)
     ferry_placement p;
     memset(&p, 0, sizeof p);
     p.name = t->info.name;
-    p.group = t->group >= 0 ? f->groups[t->group].name : "default";
+    p.group = t->group >= 0 ? f->place.groups[t->group].name : "default";
     p.home = ferry__effective_home(f, t);
     p.compute_device = t->compute_dev;
     p.lazy = t->lazy;

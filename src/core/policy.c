@@ -15,17 +15,17 @@ static const ferry_policy default_policy = {0};
 
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t)
 {
-    if (t->group < 0 || (size_t)t->group >= f->n_groups)
+    if (t->group < 0 || (size_t)t->group >= f->place.n_groups)
         return &default_policy;
-    return &f->groups[t->group].policy;
+    return &f->place.groups[t->group].policy;
 }
 
 /* The group a tensor name falls in: the first rule that matches, or -1 (default). */
 static int match_group(const ferry *f, const char *name)
 {
-    for (size_t i = 0; i < f->n_rules; i++)
-        if (!f->groups[f->rules[i].group].removed && ferry__glob(f->rules[i].pattern, name))
-            return f->rules[i].group;
+    for (size_t i = 0; i < f->place.n_rules; i++)
+        if (!f->place.groups[f->place.rules[i].group].removed && ferry__glob(f->place.rules[i].pattern, name))
+            return f->place.rules[i].group;
     return -1;
 }
 
@@ -39,7 +39,7 @@ static int matches_any(char **patterns, size_t n, const char *name)
 
 int ferry__is_ignored(const ferry *f, const ferry_tensor *t)
 {
-    return t->bound ? t->ignored : matches_any(f->ignore, f->n_ignore, t->info.name);
+    return t->bound ? t->ignored : matches_any(f->place.ignore, f->place.n_ignore, t->info.name);
 }
 
 uint64_t ferry__host_alloc_size(const ferry_tensor *t, int converted)
@@ -238,8 +238,8 @@ int ferry__bind(ferry *f, ferry_tensor *t, ferry__err *e)
         t->group = t->parent->group;
     } else {
         t->group = match_group(f, t->info.name);
-        t->ignored = matches_any(f->ignore, f->n_ignore, t->info.name);
-        t->optional = matches_any(f->optional, f->n_optional, t->info.name);
+        t->ignored = matches_any(f->place.ignore, f->place.n_ignore, t->info.name);
+        t->optional = matches_any(f->place.optional, f->place.n_optional, t->info.name);
     }
     int rc = ferry__decide(f, t, e);
     if (rc)
@@ -262,14 +262,14 @@ int ferry__rebind_all(ferry *f, int check_only, ferry__err *e)
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         int g = match_group(f, t->info.name);
-        int ign = matches_any(f->ignore, f->n_ignore, t->info.name);
+        int ign = matches_any(f->place.ignore, f->place.n_ignore, t->info.name);
         if (t->used && (g != t->group || ign != t->ignored)) {
             if (check_only)
                 return ferry__fail(e, FERRY_EBUSY,
                                    "tensor '%s' is already loaded in group '%s'; define groups "
                                    "before loading",
                                    t->info.name,
-                                   t->group >= 0 ? f->groups[t->group].name : "default");
+                                   t->group >= 0 ? f->place.groups[t->group].name : "default");
             continue;
         }
         if (!check_only && !t->used) {

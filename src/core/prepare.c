@@ -28,9 +28,9 @@ int ferry__usable(ferry *f, ferry_tensor *t, ferry__err *e)
     if (t->ignored)
         return ferry__fail(e, FERRY_ENOENT, "tensor '%s' is ignored by policy",
                            t->info.name);
-    if (t->group >= 0 && f->groups[t->group].removing)
+    if (t->group >= 0 && f->place.groups[t->group].removing)
         return ferry__fail(e, FERRY_EBUSY, "tensor '%s': its group '%s' is being removed",
-                           t->info.name, f->groups[t->group].name);
+                           t->info.name, f->place.groups[t->group].name);
     return ferry__check_expect(t, e);
 }
 
@@ -68,7 +68,7 @@ static int arena_claim(ferry *f, ferry__arena *a, size_t i)
 {
     ferry_tensor *t = a->ts[i];
     int want = t->arena_copy == FERRY__ARENA_COMP ? FILL_COMP : FILL_HOST;
-    if (f->closing || t->populating || ferry__needs(f, t, 1) != want)
+    if (f->jobs.closing || t->populating || ferry__needs(f, t, 1) != want)
         return 0;
     ferry__copy *c = want == FILL_COMP ? &t->comp : &t->host;
     ferry__mem m;
@@ -137,7 +137,7 @@ static void progress_begin(ferry *f, load_progress *p, ferry_tensor *const *ts, 
                            int home_only)
 {
     memset(p, 0, sizeof *p);
-    if (!f->progress || !n || !(p->todo = calloc(n, 1)))
+    if (!f->progress.fn || !n || !(p->todo = calloc(n, 1)))
         return;
     for (size_t i = 0; i < n; i++)
         if (!unit_ready(ts[i], home_only) && !ts[i]->lazy) {
@@ -145,8 +145,8 @@ static void progress_begin(ferry *f, load_progress *p, ferry_tensor *const *ts, 
             p->total += ts[i]->out_bytes;
         }
     if (p->total) {
-        p->fn = f->progress;
-        p->ud = f->progress_ud;
+        p->fn = f->progress.fn;
+        p->ud = f->progress.ud;
     }
 }
 
@@ -189,7 +189,7 @@ static void cancel_queued(ferry *f, ferry_tensor *const *ts, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         ts[i]->canceling = 1;
-    ferry__job **pp = &f->queue_head, *prev = NULL;
+    ferry__job **pp = &f->jobs.queue_head, *prev = NULL;
     while (*pp) {
         ferry__job *j = *pp;
         if (!j->t->canceling) {
@@ -198,8 +198,8 @@ static void cancel_queued(ferry *f, ferry_tensor *const *ts, size_t n)
             continue;
         }
         *pp = j->next;
-        if (f->queue_tail == j)
-            f->queue_tail = prev;
+        if (f->jobs.queue_tail == j)
+            f->jobs.queue_tail = prev;
         ferry__err e;
         ferry__fail(&e, FERRY_ECANCELED, "tensor '%s': load cancelled", j->t->info.name);
         ferry__finish_job(f, j, j->fill, FERRY_ECANCELED, &e);
@@ -310,7 +310,7 @@ static int arena_settle(ferry *f, ferry__arena_load *L, ferry__err *e)
                     c->last_use = ++f->clock;
                     c->epoch = a->epoch;
                     ferry__copy_ready(f, t, c);
-                    if (a->epoch != f->lora_epoch && (t->merge || t->n_terms))
+                    if (a->epoch != f->lora.lora_epoch && (t->merge || t->n_terms))
                         t->stale = 1;
                     if (!t->refs)
                         ferry__drop_if_unkept(f, t);
@@ -374,7 +374,7 @@ static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_onl
     ferry__arena_plan(ts, n, arena_span, &list);
     int reads = 0, rc = 0;
     for (ferry__arena *a = list; a; a = a->next) {
-        a->epoch = f->lora_epoch;
+        a->epoch = f->lora.lora_epoch;
         for (size_t i = 0; i < a->n; i++)
             arena_claim(f, a, i);
         ferry__arena_ranges(a);
@@ -500,10 +500,10 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
          * a failed call leaves none of its set loading. Prefetches queued on a guess of the file
          * order (before a schedule) settle too, none is queued meanwhile, and the next prepare
          * follows the file order from where it is. */
-        if (from_prepare && !f->follow.stopped)
-            ferry__pf_follow_reset(&f->follow);
-        for (int busy = 1; busy && !f->closing;) {
-            busy = from_prepare && f->inflight_guess;
+        if (from_prepare && !f->prefetch.follow.stopped)
+            ferry__pf_follow_reset(&f->prefetch.follow);
+        for (int busy = 1; busy && !f->jobs.closing;) {
+            busy = from_prepare && f->prefetch.inflight_guess;
             for (size_t i = 0; i < n && !busy; i++)
                 busy = ts[i]->comp.state == FERRY__LOADING ||
                        ts[i]->host.state == FERRY__LOADING || ts[i]->populating;
@@ -572,7 +572,7 @@ int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
         set_bytes += u[i]->out_bytes;
     }
     ferry__prefetch_note(f, u, nu);
-    f->last_set_bytes = set_bytes;
+    f->prefetch.last_set_bytes = set_bytes;
     *out = u;
     *nout = nu;
     return 0;
@@ -692,7 +692,7 @@ int ferry_release_all(ferry *f)
     ferry__fences_wait_all(f);
     /* Prefetches in flight would land copies nobody holds: let them finish first, so that what
      * is not kept is gone when this returns. */
-    while (f->inflight_prefetch && !f->closing)
+    while (f->prefetch.inflight_prefetch && !f->jobs.closing)
         pthread_cond_wait(&f->cond, &f->lock);
     for (size_t i = 0; i < f->n_all; i++) {
         f->all[i]->refs = 0;
@@ -732,8 +732,8 @@ int ferry_set_progress(ferry *f, ferry_progress_fn fn, void *user)
     if (!f)
         return FERRY_EINVAL;
     pthread_mutex_lock(&f->lock);
-    f->progress = fn;
-    f->progress_ud = user;
+    f->progress.fn = fn;
+    f->progress.ud = user;
     pthread_mutex_unlock(&f->lock);
     return 0;
 }
@@ -758,7 +758,7 @@ int ferry_load_group(ferry *f, const char *group)
             continue;
         if ((rc = ferry__bind(f, t, e)) != 0)
             break;
-        const char *g = t->group >= 0 ? f->groups[t->group].name : "default";
+        const char *g = t->group >= 0 ? f->place.groups[t->group].name : "default";
         if (group && strcmp(g, group) != 0)
             continue;
         found = 1;

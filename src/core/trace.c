@@ -56,11 +56,11 @@ int ferry_trace_start(ferry *f, const char *path)
     }
     pthread_mutex_init(&tr->lock, NULL);
     tr->origin = ferry__now();
-    pthread_rwlock_wrlock(&f->trace_lock);
-    ferry__trace *old = f->trace;
+    pthread_rwlock_wrlock(&f->trace.lock);
+    ferry__trace *old = f->trace.tr;
     if (!old)
-        __atomic_store_n(&f->trace, tr, __ATOMIC_RELEASE);
-    pthread_rwlock_unlock(&f->trace_lock);
+        __atomic_store_n(&f->trace.tr, tr, __ATOMIC_RELEASE);
+    pthread_rwlock_unlock(&f->trace.lock);
     if (old) {
         ferry__trace_free(tr);
         return ferry__fail_thread(f, FERRY_EBUSY, "a trace is already being recorded (to %s)",
@@ -88,18 +88,18 @@ static void add(ferry__trace *tr, const char *name, const char *cat, double t0, 
     pthread_mutex_unlock(&tr->lock);
 }
 
-/* Appends under the read side of trace_lock: ferry_trace_stop takes the write side before it
+/* Appends under the read side of trace.lock: ferry_trace_stop takes the write side before it
  * frees the trace, so no append can be running on a freed one. */
 static void add_locked(ferry *f, const char *name, const char *cat, double t0, double t1,
                        int dyn)
 {
-    pthread_rwlock_rdlock(&f->trace_lock);
-    ferry__trace *tr = f->trace;
+    pthread_rwlock_rdlock(&f->trace.lock);
+    ferry__trace *tr = f->trace.tr;
     if (tr)
         add(tr, name, cat, t0, t1, dyn);
     else if (dyn)
         free((char *)name);
-    pthread_rwlock_unlock(&f->trace_lock);
+    pthread_rwlock_unlock(&f->trace.lock);
 }
 
 void ferry__trace_add(ferry *f, const char *name, const char *cat, double t0, double t1)
@@ -225,10 +225,10 @@ int ferry_trace_stop(ferry *f)
 {
     if (!f)
         return FERRY_EINVAL;
-    pthread_rwlock_wrlock(&f->trace_lock);
-    ferry__trace *tr = f->trace;
-    __atomic_store_n(&f->trace, NULL, __ATOMIC_RELEASE);
-    pthread_rwlock_unlock(&f->trace_lock);
+    pthread_rwlock_wrlock(&f->trace.lock);
+    ferry__trace *tr = f->trace.tr;
+    __atomic_store_n(&f->trace.tr, NULL, __ATOMIC_RELEASE);
+    pthread_rwlock_unlock(&f->trace.lock);
     if (!tr)
         return 0;
     ferry__err e[1];
