@@ -93,9 +93,9 @@ static void *stream_thread(void *arg)
     return NULL;
 }
 
-/* Loader threads read the tensor's group policy (ferry__policy_of: &f->place.groups[g].policy) without
- * the lock, while ferry_group_add reallocates f->place.groups under it. TSan reports the race; ASan may
- * report a use after free when realloc moves the array. */
+/* Loader threads read the tensor's group policy (ferry__policy_of: &f->place.groups[g].policy)
+ * without the lock, while ferry_group_add reallocates f->place.groups under it. TSan reports the
+ * race; ASan may report a use after free when realloc moves the array. */
 static void test_group_add_while_loading(void)
 {
     ferry *f = ferry_create(NULL);

@@ -407,8 +407,9 @@ static int pf_queue_follow(void *ctx, uint32_t id, size_t k)
 {
     ferry *f = ctx;
     int r = pf_queue(ctx, id, k);
-    if (r > 0 && f->jobs.queue_tail && f->jobs.queue_tail->t == f->all[id] && !f->jobs.queue_tail->guess) {
-        f->jobs.queue_tail->guess = 1;
+    ferry__job *tail = f->jobs.queue_tail;
+    if (r > 0 && tail && tail->t == f->all[id] && !tail->guess) {
+        tail->guess = 1;
         f->prefetch.inflight_guess++;
     }
     return r;

@@ -147,7 +147,8 @@ int ferry__lora_snapshot(ferry *f, ferry_tensor *t, ferry__job *j)
         return FERRY_ENOMEM;
     for (size_t k = 0; k < t->n_terms; k++) {
         j->terms[k] = t->terms[k];
-        j->scales[k] = ferry__lora_scale(t->terms[k].pair, f->lora.adapters[t->terms[k].slot].multiplier);
+        j->scales[k] = ferry__lora_scale(t->terms[k].pair,
+                                         f->lora.adapters[t->terms[k].slot].multiplier);
     }
     j->n_terms = t->n_terms;
     return 0;
@@ -220,7 +221,8 @@ int ferry_lora_add(ferry *f, const char *path, float multiplier, const ferry_lor
         ferry__fail_append(e, 0, "while caching the factors of adapter %s", path);
         goto fail;
     }
-    ferry__adapter_slot *slots = realloc(f->lora.adapters, (f->lora.n_adapters + 1) * sizeof *slots);
+    ferry__adapter_slot *slots =
+        realloc(f->lora.adapters, (f->lora.n_adapters + 1) * sizeof *slots);
     if (!slots) {
         ferry__unreserve(f, FERRY__HOST, &held);
         rc = ferry__fail(e, FERRY_ENOMEM, "out of memory");

@@ -390,7 +390,8 @@ int ferry_reserve(ferry *f, int device, uint64_t bytes)
         rc = D->budget && bytes > D->budget ? FERRY_EBUDGET
                                             : ferry__reserve_bytes(f, device, more, &m, e);
         /* prefetches in flight hold reservations that become evictable once they land */
-        if (rc != FERRY_EBUDGET || !f->prefetch.inflight_prefetch || f->jobs.closing || bytes > D->budget)
+        if (rc != FERRY_EBUDGET || !f->prefetch.inflight_prefetch || f->jobs.closing ||
+            bytes > D->budget)
             break;
         pthread_cond_wait(&f->cond, &f->lock);
     }

@@ -23,9 +23,11 @@ const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t)
 /* The group a tensor name falls in: the first rule that matches, or -1 (default). */
 static int match_group(const ferry *f, const char *name)
 {
-    for (size_t i = 0; i < f->place.n_rules; i++)
-        if (!f->place.groups[f->place.rules[i].group].removed && ferry__glob(f->place.rules[i].pattern, name))
-            return f->place.rules[i].group;
+    for (size_t i = 0; i < f->place.n_rules; i++) {
+        const ferry__rule *r = &f->place.rules[i];
+        if (!f->place.groups[r->group].removed && ferry__glob(r->pattern, name))
+            return r->group;
+    }
     return -1;
 }
 
