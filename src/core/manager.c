@@ -211,31 +211,38 @@ static int add_device(ferry *f, ferry_device *d, const ferry_device_props *p, in
     return ferry__publish(f, rc, e);
 }
 
+/* Opens the device of SPEC into *D with its properties in *P; a failure is the calling thread's
+ * message on F. */
+static int open_spec(ferry *f, const char *spec, ferry_device **d, ferry_device_props *p)
+{
+    char msg[256] = "";
+    *d = NULL;
+    int rc = ferry_device_open(spec, d, msg, sizeof msg);
+    if (rc)
+        return ferry__fail_thread(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    ferry_device_props_get(*d, p);
+    return 0;
+}
+
 int ferry_add_device(ferry *f, const char *spec, int *id)
 {
     if (!f || !spec)
         return FERRY_EINVAL;
-    char msg[256] = "";
-    ferry_device *d = NULL;
-    int rc = ferry_device_open(spec, &d, msg, sizeof msg);
-    if (rc)
-        return ferry__fail_thread(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    ferry_device *d;
     ferry_device_props p;
-    ferry_device_props_get(d, &p);
-    return add_device(f, d, &p, 1, id);
+    int rc = open_spec(f, spec, &d, &p);
+    return rc ? rc : add_device(f, d, &p, 1, id);
 }
 
 int ferry_set_host_device(ferry *f, const char *spec)
 {
     if (!f || !spec)
         return FERRY_EINVAL;
-    char msg[256] = "";
-    ferry_device *d = NULL;
-    int rc = ferry_device_open(spec, &d, msg, sizeof msg);
-    if (rc)
-        return ferry__fail_thread(f, rc, "%s", msg[0] ? msg : ferry_strerror(rc));
+    ferry_device *d;
     ferry_device_props p;
-    ferry_device_props_get(d, &p);
+    int rc = open_spec(f, spec, &d, &p);
+    if (rc)
+        return rc;
     if (!p.host_accessible) {
         ferry_device_close(d);
         return ferry__fail_thread(f, FERRY_EINVAL, "%s: the host device must be host-accessible",

@@ -99,20 +99,18 @@ int ferry__device_block(ferry_device *d, const void *p, uint64_t *size, uint32_t
 
 /* ---- checking a table ------------------------------------------------------------------------ */
 
-static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 FERRY_API int ferry_device_check(const ferry_device *d, char *errmsg, size_t errlen)
 {
     if (errmsg && errlen)
         errmsg[0] = 0;
     if (!d)
-        return seterr(errmsg, errlen, FERRY_EINVAL, "device is NULL");
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL, "device is NULL");
     const ferry_device_ops *o = d->ops;
     if (!o)
-        return seterr(errmsg, errlen, FERRY_EINVAL, "device has no operation table");
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL, "device has no operation table");
     if (o->version != FERRY_DEVICE_OPS_VERSION)
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table of version %u: this ferry knows version %d only "
                       "(rebuild the device against this ferry_device.h)",
                       (unsigned)o->version, FERRY_DEVICE_OPS_VERSION);
@@ -120,7 +118,7 @@ FERRY_API int ferry_device_check(const ferry_device *d, char *errmsg, size_t err
      * read as NULL (FERRY_DEVICE_HAS) */
     size_t need = offsetof(ferry_device_ops, wait) + sizeof o->wait;
     if (o->size < need)
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table of %u bytes ends before its required members "
                       "(%zu bytes)", (unsigned)o->size, need);
     static const struct {
@@ -138,23 +136,23 @@ FERRY_API int ferry_device_check(const ferry_device *d, char *errmsg, size_t err
         void *fn;
         memcpy(&fn, (const char *)o + required[i].off, sizeof fn);
         if (!fn)
-            return seterr(errmsg, errlen, FERRY_EINVAL,
+            return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                           "device operation table: required member %s is NULL", required[i].name);
     }
     int ev = FERRY_DEVICE_HAS(o, event_create) + FERRY_DEVICE_HAS(o, event_destroy) +
              FERRY_DEVICE_HAS(o, event_record) + FERRY_DEVICE_HAS(o, event_wait) +
              FERRY_DEVICE_HAS(o, event_query);
     if (ev != 0 && ev != 5)
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table: %d of the 5 event members set (all or none)", ev);
     int ru = FERRY_DEVICE_HAS(o, set_reuse) + FERRY_DEVICE_HAS(o, block) +
              FERRY_DEVICE_HAS(o, stitch);
     if (ru != 0 && ru != 3)
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table: %d of set_reuse, block, stitch set (all or none)",
                       ru);
     if (FERRY_DEVICE_HAS(o, host_alloc) != FERRY_DEVICE_HAS(o, host_free))
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table: host_alloc and host_free go together");
     return 0;
 }
@@ -172,7 +170,7 @@ FERRY_API int ferry_device_props_get(ferry_device *d, ferry_device_props *out)
 
 /* ---- spec parsing ------------------------------------------------------------------------------ */
 
-static int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+int ferry__device_seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (err && errlen) {
         va_list ap;
@@ -233,7 +231,7 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
     size_t len = strlen(rest);
     char *buf = malloc(len + 1);
     if (!buf)
-        return seterr(err, errlen, FERRY_ENOMEM, "%s: out of memory", spec);
+        return ferry__device_seterr(err, errlen, FERRY_ENOMEM, "%s: out of memory", spec);
     memcpy(buf, rest, len + 1);
     int rc = 0;
     char *opts = strchr(buf, ',');
@@ -245,28 +243,31 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
         *at++ = 0;
     if (*head) {
         if (*head != ':') {
-            rc = seterr(err, errlen, FERRY_EINVAL,
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                         "%s: unknown device (expected cpu, sim[:CAPACITY[@RATE]][,OPTION...] or "
                         "cuda:N)", spec);
             goto out;
         }
         head++;
         if (!*head) {
-            rc = seterr(err, errlen, FERRY_EINVAL, "%s: missing capacity after ':'", spec);
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                      "%s: missing capacity after ':'", spec);
             goto out;
         }
         if (ferry__parse_size(head, &cfg->capacity)) {
-            rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad capacity '%s'", spec, head);
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                      "%s: bad capacity '%s'", spec, head);
             goto out;
         }
         if (cfg->capacity == 0) {
-            rc = seterr(err, errlen, FERRY_EINVAL, "%s: capacity must be more than 0", spec);
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                      "%s: capacity must be more than 0", spec);
             goto out;
         }
     }
     if (at) {
         if (ferry__parse_rate(at, &cfg->rate) || cfg->rate == 0) {
-            rc = seterr(err, errlen, FERRY_EINVAL,
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                         "%s: bad bandwidth '%s' (expected e.g. 25GB/s or 800MiB/s)", spec, at);
             goto out;
         }
@@ -277,7 +278,8 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
             *next++ = 0;
         char *eq = strchr(opts, '=');
         if (!eq || eq == opts) {
-            rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad option '%s' (expected key=value)",
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                      "%s: bad option '%s' (expected key=value)",
                         spec, opts);
             goto out;
         }
@@ -285,26 +287,27 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
         const char *key = opts, *val = eq + 1;
         if (strcmp(key, "fail_alloc") == 0) {
             if (parse_fault(val, &cfg->fail_alloc, &cfg->fail_alloc_every)) {
-                rc = seterr(err, errlen, FERRY_EINVAL,
+                rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                             "%s: bad fail_alloc '%s' (expected N or N/every)", spec, val);
                 goto out;
             }
         } else if (strcmp(key, "fail_copy") == 0) {
             if (parse_fault(val, &cfg->fail_copy, &cfg->fail_copy_every)) {
-                rc = seterr(err, errlen, FERRY_EINVAL,
+                rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                             "%s: bad fail_copy '%s' (expected N or N/every)", spec, val);
                 goto out;
             }
         } else if (strcmp(key, "max_alloc") == 0) {
             if (ferry__parse_size(val, &cfg->max_alloc) || cfg->max_alloc == 0) {
-                rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad max_alloc '%s'", spec, val);
+                rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                          "%s: bad max_alloc '%s'", spec, val);
                 goto out;
             }
             max_alloc_set = 1;
         } else if (strcmp(key, "align") == 0) {
             uint64_t a;
             if (ferry__parse_size(val, &a) || a == 0 || (a & (a - 1)) || a > (UINT64_C(1) << 21)) {
-                rc = seterr(err, errlen, FERRY_EINVAL,
+                rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                             "%s: bad align '%s' (expected a power of two from 1 to 2MiB)", spec,
                             val);
                 goto out;
@@ -312,13 +315,14 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
             cfg->alignment = a;
         } else if (strcmp(key, "poison") == 0) {
             if (strcmp(val, "0") && strcmp(val, "1")) {
-                rc = seterr(err, errlen, FERRY_EINVAL, "%s: bad poison '%s' (expected 0 or 1)",
+                rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                          "%s: bad poison '%s' (expected 0 or 1)",
                             spec, val);
                 goto out;
             }
             cfg->poison = val[0] == '1';
         } else {
-            rc = seterr(err, errlen, FERRY_EINVAL,
+            rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                         "%s: unknown option '%s' (known: fail_alloc, fail_copy, max_alloc, align, "
                         "poison)", spec, key);
             goto out;
@@ -329,7 +333,8 @@ static int parse_sim(const char *spec, const char *rest, ferry__sim_config *cfg,
         cfg->max_alloc = cfg->capacity;
     } else if (cfg->max_alloc > cfg->capacity) {
         char a[32], b[32];
-        rc = seterr(err, errlen, FERRY_EINVAL, "%s: max_alloc %s exceeds the capacity %s", spec,
+        rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
+                                  "%s: max_alloc %s exceeds the capacity %s", spec,
                     ferry__fmt_size(cfg->max_alloc, a), ferry__fmt_size(cfg->capacity, b));
         goto out;
     }
@@ -343,10 +348,10 @@ FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errm
     if (errmsg && errlen)
         errmsg[0] = 0;
     if (!out)
-        return seterr(errmsg, errlen, FERRY_EINVAL, "ferry_device_open: OUT is NULL");
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL, "ferry_device_open: OUT is NULL");
     *out = NULL;
     if (!spec || !*spec)
-        return seterr(errmsg, errlen, FERRY_EINVAL,
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "empty device spec (expected cpu, sim[:CAPACITY[@RATE]] or cuda:N)");
 
     if (strcmp(spec, "cpu") == 0)
@@ -366,13 +371,13 @@ FERRY_API int ferry_device_open(const char *spec, ferry_device **out, char *errm
     if (strncmp(spec, "cuda", 4) == 0 && (spec[4] == 0 || spec[4] == ':')) {
         uint64_t n = 0;
         if (spec[4] == ':' && (parse_count(spec + 5, &n) || n > 1024))
-            return seterr(errmsg, errlen, FERRY_EINVAL,
+            return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                           "%s: bad CUDA device number '%s' (expected cuda:N, N >= 0)", spec,
                           spec + 5);
         return ferry__cuda_open(spec, (int)n, out, errmsg, errlen);
     }
 
-    return seterr(errmsg, errlen, FERRY_EINVAL,
+    return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                   "%s: unknown device (expected cpu, sim[:CAPACITY[@RATE]][,OPTION...] or cuda:N)",
                   spec);
 }

@@ -34,6 +34,9 @@ typedef struct ferry__devbase {
 /* The properties of in-tree device D. */
 #define FERRY__DP(d) (((ferry__devbase *)(d))->props)
 
+/* Formats the message into ERR (ERRLEN bytes, may be NULL/0: nothing written); returns CODE. */
+int ferry__device_seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Records the printf-formatted message as the calling thread's latest failure on D; returns CODE. */
 int ferry__device_fail(ferry_device *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

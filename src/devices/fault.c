@@ -190,19 +190,6 @@ static int fault_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t 
     return INNER(d)->ops->stitch(INNER(d), parts, n, need, out, out_size, rest, rest_size, gone);
 }
 
-static int fault_seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fault_seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* "N" or "N/every", N >= 1. */
 static int parse_nth(const char *s, uint64_t *n, int *every)
 {
@@ -230,7 +217,7 @@ int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device *
     if (!buf || !f) {
         free(buf);
         free(f);
-        return fault_seterr(err, errlen, FERRY_ENOMEM, "%s: out of memory", spec);
+        return ferry__device_seterr(err, errlen, FERRY_ENOMEM, "%s: out of memory", spec);
     }
     memcpy(buf, spec, len + 1);
     char *inner = buf + 6; /* after "fault:" */
@@ -251,7 +238,7 @@ int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device *
             break;
         }
         if (parse_nth(val, n, every)) {
-            int rc = fault_seterr(err, errlen, FERRY_EINVAL,
+            int rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                                   "%s: bad option '%s' (expected N or N/every, N >= 1)", spec, opt);
             free(buf);
             free(f);
@@ -260,7 +247,7 @@ int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device *
         *comma = 0;
     }
     if (!*inner || strncmp(inner, "fault:", 6) == 0) {
-        int rc = fault_seterr(err, errlen, FERRY_EINVAL,
+        int rc = ferry__device_seterr(err, errlen, FERRY_EINVAL,
                               "%s: expected fault:DEVICE[,fail_alloc=N][,fail_copy=M] with DEVICE "
                               "cpu, sim... or cuda:N", spec);
         free(buf);
@@ -270,7 +257,7 @@ int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device *
     char ierr[256] = "";
     int rc = ferry_device_open(inner, &f->inner, ierr, sizeof ierr);
     if (rc) {
-        fault_seterr(err, errlen, rc, "%s: %s", spec, ierr[0] ? ierr : ferry_strerror(rc));
+        ferry__device_seterr(err, errlen, rc, "%s: %s", spec, ierr[0] ? ierr : ferry_strerror(rc));
         free(buf);
         free(f);
         return rc;
