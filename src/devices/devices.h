@@ -133,9 +133,12 @@ void ferry__device_set_reuse(ferry_device *d, int reuse);
 /* D's block, or 0 when it has none. */
 int ferry__device_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments);
 
+/* Opens the device of a spec (ferry_device_open's signature). */
+typedef int (*ferry__device_opener)(const char *spec, ferry_device **out, char *err, size_t errlen);
 /* The "fault:SPEC[,fail_alloc=N[/every]][,fail_copy=M[/every]]" wrapper (fault.c): opens SPEC
- * and wraps it. */
-int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device **out);
+ * with OPEN_INNER and wraps it. */
+int ferry__fault_open(const char *spec, ferry__device_opener open_inner, char *err, size_t errlen,
+                      ferry_device **out);
 
 /* ---- host memory (hostmem.c) ----------------------------------------------------------------- */
 

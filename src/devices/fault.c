@@ -208,7 +208,8 @@ static int parse_nth(const char *s, uint64_t *n, int *every)
     return 0;
 }
 
-int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device **out)
+int ferry__fault_open(const char *spec, ferry__device_opener open_inner, char *err, size_t errlen,
+                      ferry_device **out)
 {
     *out = NULL;
     size_t len = strlen(spec);
@@ -255,7 +256,7 @@ int ferry__fault_open(const char *spec, char *err, size_t errlen, ferry_device *
         return rc;
     }
     char ierr[256] = "";
-    int rc = ferry_device_open(inner, &f->inner, ierr, sizeof ierr);
+    int rc = open_inner(inner, &f->inner, ierr, sizeof ierr);
     if (rc) {
         ferry__device_seterr(err, errlen, rc, "%s: %s", spec, ierr[0] ? ierr : ferry_strerror(rc));
         free(buf);

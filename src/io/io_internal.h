@@ -86,6 +86,13 @@ unsigned ferry__io_depth(const ferry__io *io);
  * in flight on it. Without FERRY_HAVE_URING, create returns NULL and usable returns 0. */
 #define FERRY__IO_URING_DEPTH 8u
 typedef struct ferry__uring ferry__uring;
+/* Where a backend takes its chunks and reports them: the pool's queue (ferry__io_take and
+ * ferry__io_chunk_done on POOL), passed in so that a backend never calls into the pool. */
+typedef struct ferry__ioqueue {
+    ferry__io *pool;
+    int (*take)(ferry__io *io, ferry__iochunk *c, int wait);
+    void (*done)(ferry__io *io, const ferry__iochunk *c, int status, const char *msg);
+} ferry__ioqueue;
 /* A ring with DEPTH slots, or NULL when the library was built without liburing, the kernel
  * refuses io_uring (ENOSYS, EPERM under seccomp, io_uring_disabled) or lacks IORING_OP_READ. */
 ferry__uring *ferry__uring_create(unsigned depth);
@@ -95,6 +102,6 @@ int ferry__io_uring_usable(void);
 /* The worker loop of the uring backend on ring U (used by this thread only) with BOUNCE (one
  * FERRY__IO_ALIGN block). Returns 0 when the pool stops, or -1 when the ring stopped accepting
  * submissions (nothing of it is in flight any more): the caller goes on with the thread loop. */
-int ferry__uring_run(ferry__io *io, ferry__uring *u, unsigned char *bounce);
+int ferry__uring_run(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce);
 
 #endif

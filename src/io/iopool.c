@@ -215,7 +215,8 @@ static void *worker(void *arg)
     pthread_mutex_unlock(&io->mu);
     unsigned char *bounce = io->bounce + (size_t)idx * FERRY__IO_ALIGN;
     /* a ring that stopped taking submissions hands its worker over to the thread loop */
-    if (io->rings && ferry__uring_run(io, io->rings[idx], bounce) == 0)
+    const ferry__ioqueue q = {.pool = io, .take = ferry__io_take, .done = ferry__io_chunk_done};
+    if (io->rings && ferry__uring_run(&q, io->rings[idx], bounce) == 0)
         return NULL;
     thread_loop(io, bounce);
     return NULL;

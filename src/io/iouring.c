@@ -132,15 +132,15 @@ static void release(ferry__uring *u, slot *s)
 
 /* S's chunk is finished with STATUS: the slot is free again, then the pool is told (which may
  * run the request's done callback). */
-static void finish(ferry__io *io, ferry__uring *u, slot *s, int status, const char *msg)
+static void finish(const ferry__ioqueue *q, ferry__uring *u, slot *s, int status, const char *msg)
 {
     ferry__iochunk c = s->c;
     release(u, s);
-    ferry__io_chunk_done(io, &c, status, msg);
+    q->done(q->pool, &c, status, msg);
 }
 
 /* Reads what is left of S on this thread (the ring refused it) and finishes it. */
-static void read_sync(ferry__io *io, ferry__uring *u, slot *s, unsigned char *bounce)
+static void read_sync(const ferry__ioqueue *q, ferry__uring *u, slot *s, unsigned char *bounce)
 {
     const ferry__iofile *f = s->c.req->file;
     ferry__err e = {0};
@@ -148,13 +148,13 @@ static void read_sync(ferry__io *io, ferry__uring *u, slot *s, unsigned char *bo
     int r = ferry__io_read_range(f, s->off, s->left, s->dst,
                                  s->fd == f->fd_direct ? FERRY_LOAD_DIRECT : FERRY_LOAD_READ,
                                  bounce, &e);
-    finish(io, u, s, r, e.msg);
+    finish(q, u, s, r, e.msg);
 }
 
 /* Hands the prepared reads to the kernel. 0 when done or worth retrying after a completion;
  * -1 when the ring refuses submissions for good: it is then marked broken and the reads it did
  * not take are done synchronously. */
-static int submit_pending(ferry__io *io, ferry__uring *u, unsigned char *bounce)
+static int submit_pending(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce)
 {
     unsigned refusals = 0;
     while (u->npending > 0) {
@@ -176,14 +176,14 @@ static int submit_pending(ferry__io *io, ferry__uring *u, unsigned char *bounce)
          * ring again, the kernel never sees them. */
         u->broken = 1;
         while (u->npending > 0)
-            read_sync(io, u, u->pending[--u->npending], bounce);
+            read_sync(q, u, u->pending[--u->npending], bounce);
         return -1;
     }
     return 0;
 }
 
 /* A completion RES of S's read. */
-static void on_complete(ferry__io *io, ferry__uring *u, slot *s, int res)
+static void on_complete(const ferry__ioqueue *q, ferry__uring *u, slot *s, int res)
 {
     const ferry__iofile *f = s->c.req->file;
     int direct = s->fd == f->fd_direct;
@@ -201,14 +201,14 @@ static void on_complete(ferry__io *io, ferry__uring *u, slot *s, int res)
         snprintf(msg, sizeof msg, "%s: %sread of %llu bytes at offset %llu failed: %s", f->path,
                  direct ? "direct " : "", (unsigned long long)s->left,
                  (unsigned long long)s->off, strerror(-res));
-        finish(io, u, s, FERRY_EIO, msg);
+        finish(q, u, s, FERRY_EIO, msg);
         return;
     }
     if (res == 0) {
         snprintf(msg, sizeof msg,
                  "%s: end of file at offset %llu with %llu bytes still to read (the file shrank?)",
                  f->path, (unsigned long long)s->off, (unsigned long long)s->left);
-        finish(io, u, s, FERRY_EIO, msg);
+        finish(q, u, s, FERRY_EIO, msg);
         return;
     }
     uint64_t n = (uint64_t)res < s->left ? (uint64_t)res : s->left;
@@ -216,7 +216,7 @@ static void on_complete(ferry__io *io, ferry__uring *u, slot *s, int res)
     s->off += n;
     s->left -= n;
     if (s->left == 0) {
-        finish(io, u, s, 0, NULL);
+        finish(q, u, s, 0, NULL);
         return;
     }
     if (direct && n % FERRY__IO_ALIGN) /* no longer block-aligned: the rest goes buffered */
@@ -225,9 +225,9 @@ static void on_complete(ferry__io *io, ferry__uring *u, slot *s, int res)
 }
 
 /* Submits what is prepared, waits for at least one completion and handles every one there. */
-static void reap(ferry__io *io, ferry__uring *u, unsigned char *bounce)
+static void reap(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce)
 {
-    if (submit_pending(io, u, bounce) < 0 && u->used == 0)
+    if (submit_pending(q, u, bounce) < 0 && u->used == 0)
         return;
     if (u->used == u->npending) /* nothing in the kernel to wait for */
         return;
@@ -254,12 +254,12 @@ static void reap(ferry__io *io, ferry__uring *u, unsigned char *bounce)
     }
     io_uring_cq_advance(&u->ring, n);
     for (unsigned i = 0; i < n; i++)
-        on_complete(io, u, got[i].s, got[i].res);
+        on_complete(q, u, got[i].s, got[i].res);
 }
 
 /* Starts chunk C: copies and the bounce-buffered ends are done here and now, the rest is
  * prepared as one read on a free slot. */
-static void start(ferry__io *io, ferry__uring *u, const ferry__iochunk *c, unsigned char *bounce)
+static void start(const ferry__ioqueue *q, ferry__uring *u, const ferry__iochunk *c, unsigned char *bounce)
 {
     ferry__ioreq *req = c->req;
     const ferry__iofile *f = req->file;
@@ -287,14 +287,14 @@ static void start(ferry__io *io, ferry__uring *u, const ferry__iochunk *c, unsig
         uint64_t a1 = end - end % A;                       /* last block boundary <= end */
         if (a1 <= a0) { /* no whole block: the bounce path reads it all */
             r = ferry__io_read_range(f, pos, end - pos, dst, FERRY_LOAD_DIRECT, bounce, &e);
-            ferry__io_chunk_done(io, c, r, e.msg);
+            q->done(q->pool, c, r, e.msg);
             return;
         }
         if ((pos < a0 &&
              (r = ferry__io_read_range(f, pos, a0 - pos, dst, FERRY_LOAD_DIRECT, bounce, &e))) ||
             (end > a1 && (r = ferry__io_read_range(f, a1, end - a1, dst + (a1 - pos),
                                                    FERRY_LOAD_DIRECT, bounce, &e)))) {
-            ferry__io_chunk_done(io, c, r, e.msg);
+            q->done(q->pool, c, r, e.msg);
             return;
         }
         fd = f->fd_direct;
@@ -310,10 +310,10 @@ static void start(ferry__io *io, ferry__uring *u, const ferry__iochunk *c, unsig
     s->off = off;
     s->left = len;
     prep(u, s);
-    submit_pending(io, u, bounce); /* one system call per 16 MiB: start the device at once */
+    submit_pending(q, u, bounce); /* one system call per 16 MiB: start the device at once */
 }
 
-int ferry__uring_run(ferry__io *io, ferry__uring *u, unsigned char *bounce)
+int ferry__uring_run(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce)
 {
     for (;;) {
         if (u->broken && u->used == 0)
@@ -321,15 +321,15 @@ int ferry__uring_run(ferry__io *io, ferry__uring *u, unsigned char *bounce)
         if (!u->broken && u->used < u->depth) {
             ferry__iochunk c;
             /* sleep for work only with nothing in flight; else reap when the queue is empty */
-            int t = ferry__io_take(io, &c, u->used == 0);
+            int t = q->take(q->pool, &c, u->used == 0);
             if (t < 0)
                 return 0;
             if (t == 1) {
-                start(io, u, &c, bounce);
+                start(q, u, &c, bounce);
                 continue;
             }
         }
-        reap(io, u, bounce);
+        reap(q, u, bounce);
     }
 }
 
@@ -345,9 +345,9 @@ void ferry__uring_destroy(ferry__uring *u) { (void)u; }
 
 int ferry__io_uring_usable(void) { return 0; }
 
-int ferry__uring_run(ferry__io *io, ferry__uring *u, unsigned char *bounce)
+int ferry__uring_run(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce)
 {
-    (void)io;
+    (void)q;
     (void)u;
     (void)bounce;
     return -1;
