@@ -7,6 +7,11 @@
  * prepared once the way llama.cpp's CPU back end takes it (q8_0 / q8_K blocks for quantized
  * weights, f16 / bf16 precision for f16 / bf16 ones); in runtime LoRA mode each adapter term
  * scale * B.(A.x) is added to the product here, in f32.
+ *
+ * A mixture-of-experts layer keeps its experts in 3-D tensors (n_expert, rows, cols), expert e
+ * the e-th block of rows; the experts a batch routes to are brought in by prepare_experts and
+ * let go by release_experts, which today hold the whole tensors (expert_tensor says where
+ * expert e's bytes are).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -28,8 +33,18 @@ typedef struct layer_weights {
     ferry_tensor *w_gate;    /* (ff, dim) */
     ferry_tensor *w_up;      /* (ff, dim) */
     ferry_tensor *w_down;    /* (dim, ff) */
+    /* a mixture of experts instead of w_gate / w_up / w_down */
+    ferry_tensor *router;    /* (n_expert, dim)      ffn_gate_inp */
+    ferry_tensor *gate_exps; /* (n_expert, ff, dim)  ffn_gate_exps */
+    ferry_tensor *up_exps;   /* (n_expert, ff, dim)  ffn_up_exps */
+    ferry_tensor *down_exps; /* (n_expert, dim, ff)  ffn_down_exps */
 } layer_weights;
-#define LAYER_TENSORS 9
+/* the most tensors layer_list gives: a mixture-of-experts layer's own (without its experts)
+ * and the next layer's router and ffn_norm, which predict_experts reads */
+#define LAYER_TENSORS 10
+
+/* The three tensors of each expert: W_gate, W_up, W_down. */
+enum { EXP_GATE, EXP_UP, EXP_DOWN, EXP_KINDS };
 
 struct llama {
     ferry *f;
@@ -62,6 +77,18 @@ struct llama {
     uint32_t batch_cap;
     uint32_t max_rank;
     float *k, *v;              /* (kv_dim) this position's key and value */
+    /* mixture of experts */
+    float *router_logits;      /* (n_expert) */
+    float *moe_acc;            /* (dim) the weighted sum of the experts' outputs */
+    uint32_t *sel;             /* (batch_cap, n_expert_used) each token's experts, best first */
+    float *sel_w;              /* (batch_cap, n_expert_used) their renormalised weights */
+    uint32_t *pred;            /* (batch_cap, n_expert_used) the experts predicted for the next
+                                  layer, ascending */
+    uint32_t *routes;          /* (batch_cap, n_layer, n_expert_used) ascending, for the caller */
+    uint32_t routes_n;         /* tokens of the last batch in routes */
+    uint64_t pred_hits, pred_total;
+    ferry_tensor *held[EXP_KINDS * LLAMA_MAX_EXPERTS]; /* what prepare_experts holds */
+    size_t n_held;
     /* the KV cache, positions 0..n_ctx of each layer, in f16 as llama.cpp keeps it */
     uint16_t *key_cache;       /* (n_layer, n_ctx, kv_dim) */
     uint16_t *value_cache;     /* (n_layer, n_ctx, kv_dim) */
@@ -167,6 +194,20 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
     }
     c->vocab = (uint32_t)ti.shape[1];
     c->tied_output = ferry_catalog_find(cat, "output.weight") < 0;
+    rc = meta_u32(cat, "llama.expert_count", 0, 0, &c->n_expert, err, errlen);
+    if (rc)
+        return rc;
+    if (c->n_expert) {
+        rc = meta_u32(cat, "llama.expert_used_count", 0, 1, &c->n_expert_used, err, errlen);
+        if (rc)
+            return rc;
+        if (c->n_expert > LLAMA_MAX_EXPERTS || c->n_expert_used > c->n_expert) {
+            say(err, errlen, "llama.expert_count %u, expert_used_count %u: at most %u experts, "
+                "and no more used than there are", c->n_expert, c->n_expert_used,
+                LLAMA_MAX_EXPERTS);
+            return FERRY_EFORMAT;
+        }
+    }
     return 0;
 }
 
@@ -180,26 +221,38 @@ uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads
     uint32_t widest = c->dim > c->ff ? c->dim : c->ff;
     widest = widest > c->q_dim ? widest : c->q_dim;
     uint64_t vec = 3ull * widest * sizeof(float); /* the prepared inputs of one job */
-    return kv + act + row + vec;
+    /* router logits, the experts' sum, one token's selection, prediction and routes */
+    uint64_t moe = c->n_expert ? (uint64_t)c->n_expert * sizeof(float) +
+                                     (uint64_t)c->dim * sizeof(float) +
+                                     (3ull + c->n_layer) * c->n_expert_used * sizeof(uint32_t)
+                               : 0;
+    return kv + act + row + vec + moe;
 }
 
 /* ---- the weights ---------------------------------------------------------------------------- */
 
-/* Finds NAME and states its shape (GGUF order: cols first); any dtype. */
-static ferry_tensor *want(ferry *f, const char *name, uint64_t cols, uint64_t rows, char *err,
-                          size_t errlen)
+/* Finds NAME and states its shape (GGUF order: cols first; rows 0: a vector, experts 0: a
+ * matrix, else EXPERTS matrices of rows x cols); any dtype. */
+static ferry_tensor *want_experts(ferry *f, const char *name, uint64_t cols, uint64_t rows,
+                                  uint64_t experts, char *err, size_t errlen)
 {
     ferry_tensor *t = ferry_find(f, name);
     if (!t) {
         say(err, errlen, "tensor %s: missing", name);
         return NULL;
     }
-    int64_t shape[2] = {(int64_t)cols, (int64_t)rows};
-    if (ferry_expect(f, name, FERRY_DTYPE_NONE, rows ? 2 : 1, shape)) {
+    int64_t shape[3] = {(int64_t)cols, (int64_t)rows, (int64_t)experts};
+    if (ferry_expect(f, name, FERRY_DTYPE_NONE, experts ? 3 : rows ? 2 : 1, shape)) {
         say(err, errlen, "%s", ferry_errmsg(f));
         return NULL;
     }
     return t;
+}
+
+static ferry_tensor *want(ferry *f, const char *name, uint64_t cols, uint64_t rows, char *err,
+                          size_t errlen)
+{
+    return want_experts(f, name, cols, rows, 0, err, errlen);
 }
 
 static int find_weights(llama *m, char *err, size_t errlen)
@@ -222,9 +275,21 @@ static int find_weights(llama *m, char *err, size_t errlen)
         W(wv, "attn_v", c->dim, c->kv_dim);
         W(wo, "attn_output", c->q_dim, c->dim);
         W(ffn_norm, "ffn_norm", c->dim, 0);
-        W(w_gate, "ffn_gate", c->dim, c->ff);
-        W(w_up, "ffn_up", c->dim, c->ff);
-        W(w_down, "ffn_down", c->ff, c->dim);
+        if (c->n_expert) {
+            W(router, "ffn_gate_inp", c->dim, c->n_expert);
+#define X(field, part, cols, rows)                                                                 \
+    snprintf(n, sizeof n, "blk.%u.%s.weight", l, part);                                          \
+    if (!(w->field = want_experts(f, n, cols, rows, c->n_expert, err, errlen)))                    \
+        return FERRY_ENOENT;
+            X(gate_exps, "ffn_gate_exps", c->dim, c->ff);
+            X(up_exps, "ffn_up_exps", c->dim, c->ff);
+            X(down_exps, "ffn_down_exps", c->ff, c->dim);
+#undef X
+        } else {
+            W(w_gate, "ffn_gate", c->dim, c->ff);
+            W(w_up, "ffn_up", c->dim, c->ff);
+            W(w_down, "ffn_down", c->ff, c->dim);
+        }
 #undef W
     }
     m->output_norm = want(f, "output_norm.weight", c->dim, 0, err, errlen);
@@ -317,6 +382,10 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     m->key_cache = calloc(cache, sizeof *m->key_cache);
     m->value_cache = calloc(cache, sizeof *m->value_cache);
     failed |= !m->key_cache || !m->value_cache;
+    if (c->n_expert) {
+        m->router_logits = alloc_floats(c->n_expert, &failed);
+        m->moe_acc = alloc_floats(c->dim, &failed);
+    }
     if (failed) {
         say(err, errlen, "out of memory for a context of %u positions", n_ctx);
         llama_destroy(m);
@@ -355,6 +424,12 @@ void llama_destroy(llama *m)
     free(m->v);
     free(m->key_cache);
     free(m->value_cache);
+    free(m->router_logits);
+    free(m->moe_acc);
+    free(m->sel);
+    free(m->sel_w);
+    free(m->pred);
+    free(m->routes);
     free(m);
 }
 
@@ -391,22 +466,27 @@ static void matvec_work(void *arg, int ith, int nth)
     }
 }
 
-/* Adds W.x -> y (W prepared) to the job, after checking ferry can compute with W's type. */
-static int matvec_add(llama *m, matvec_job *j, ferry_tensor *w, const float *x, float *y,
-                      char *err, size_t errlen)
+/* Adds W[first .. first + rows).x -> y (W prepared; all its rows when ROWS is 0) to the job,
+ * after checking ferry can compute with W's type. */
+static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t first,
+                           uint64_t rows, const float *x, float *y, char *err, size_t errlen)
 {
     ferry_tensor_info ti;
     ferry_tensor_get_info(w, &ti);
     matvec_op *o = &j->op[j->n];
     o->t = ferry_tensor_dtype(w);
     o->w = ferry_tensor_data(w);
-    o->rows = ti.n_rows;
+    o->rows = rows ? rows : ti.n_rows;
     o->cols = ti.row_elems;
     o->x = x;
     o->y = y;
     int rc = ferry_dtype_nbytes(o->t, o->cols, &o->row_bytes);
     if (!rc && !o->w)
         rc = FERRY_EUNSUPPORTED;
+    if (!rc && (first > ti.n_rows || o->rows > ti.n_rows - first))
+        rc = FERRY_ESHAPE;
+    if (!rc)
+        o->w += first * o->row_bytes;
     /* the vector in the form W's dot product takes, as llama.cpp rounds it */
     if (!rc && ferry_matvec_vec_bytes(o->t, o->cols) > m->vec_bytes)
         rc = FERRY_ESHAPE;
@@ -424,12 +504,19 @@ static int matvec_add(llama *m, matvec_job *j, ferry_tensor *w, const float *x, 
     return 0;
 }
 
+/* Adds W.x -> y (W prepared) to the job. */
+static int matvec_add(llama *m, matvec_job *j, ferry_tensor *w, const float *x, float *y,
+                      char *err, size_t errlen)
+{
+    return matvec_add_rows(m, j, w, 0, 0, x, y, err, errlen);
+}
+
 /* Runtime LoRA: y += scale * B.(A.x) for every adapter term of W. */
 static int lora_apply(llama *m, ferry_tensor *w, const float *x, float *y, char *err,
                       size_t errlen)
 {
     ferry_lora_factor fac;
-    for (size_t i = 0; m->lora_runtime && ferry_lora_factors(m->f, w, i, &fac) == 0; i++) {
+    for (size_t i = 0; m->lora_runtime && w && ferry_lora_factors(m->f, w, i, &fac) == 0; i++) {
         if (fac.rank > m->max_rank) {
             float *t = realloc(m->lora_tmp, fac.rank * sizeof *t);
             if (!t) {
@@ -556,6 +643,13 @@ static float vexpf(float x)
 }
 
 /* ---- the steps ---------------------------------------------------------------------------- */
+
+/* g = silu(g) * u over N elements. */
+static void swiglu(float *g, const float *u, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + vexpf(-g[i])) * u[i];
+}
 
 /* Reads row TOKEN of the lazy embedding into x. */
 static int embed(llama *m, uint32_t token, char *err, size_t errlen)
@@ -712,15 +806,190 @@ static int ffn_block(llama *m, uint32_t l, char *err, size_t errlen)
         (rc = matvec_add(m, &j, w->w_up, m->xb, m->hb2, err, errlen)) ||
         (rc = matvec_run(m, &j, ws, err, errlen)))
         return rc;
-    for (uint32_t i = 0; i < c->ff; i++) {
-        float g = m->hb[i];
-        m->hb[i] = g / (1.0f + vexpf(-g)) * m->hb2[i];
-    }
+    swiglu(m->hb, m->hb2, c->ff);
     rc = matvec(m, w->w_down, m->hb, m->proj, err, errlen);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < c->dim; i++)
         m->x[i] += m->proj[i];
+    return 0;
+}
+
+/* ---- mixture of experts ---------------------------------------------------------------------- */
+
+/* Where expert E of layer L's tensor KIND is: *T, rows [*FIRST, *FIRST + *ROWS) of it. Today the
+ * whole 3-D tensor, expert e its e-th block of rows (n_expert is the outermost dimension). */
+static void expert_tensor(llama *m, uint32_t l, int kind, uint32_t e, ferry_tensor **t,
+                          uint64_t *first, uint64_t *rows)
+{
+    layer_weights *w = &m->layers[l];
+    *t = kind == EXP_GATE ? w->gate_exps : kind == EXP_UP ? w->up_exps : w->down_exps;
+    *rows = kind == EXP_DOWN ? m->c.dim : m->c.ff;
+    *first = (uint64_t)e * *rows;
+}
+
+/* The handles to prepare for experts IDS (K of them, ascending) of layer L, into TS; returns how
+ * many. Today the three whole tensors, whichever experts are asked for. */
+static size_t experts_list(llama *m, uint32_t l, const uint32_t *ids, uint32_t k,
+                           ferry_tensor **ts)
+{
+    (void)ids;
+    (void)k;
+    layer_weights *w = &m->layers[l];
+    ts[EXP_GATE] = w->gate_exps;
+    ts[EXP_UP] = w->up_exps;
+    ts[EXP_DOWN] = w->down_exps;
+    return EXP_KINDS;
+}
+
+/* Brings in experts IDS (K, ascending) of layer L: their weights stay valid until
+ * release_experts. */
+static int prepare_experts(llama *m, uint32_t l, const uint32_t *ids, uint32_t k, char *err,
+                           size_t errlen)
+{
+    size_t n = experts_list(m, l, ids, k, m->held);
+    int rc = ferry_prepare(m->f, m->held, n);
+    if (rc) {
+        say(err, errlen, "%s", ferry_errmsg(m->f));
+        return rc;
+    }
+    m->n_held = n;
+    return 0;
+}
+
+static void release_experts(llama *m)
+{
+    if (m->n_held)
+        ferry_release(m->f, m->held, m->n_held);
+    m->n_held = 0;
+}
+
+/* The K largest of V (N), best first (the lower index first among equals). */
+static void top_k(const float *v, uint32_t n, uint32_t k, uint32_t *ids)
+{
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t e = 0; e < n; e++) {
+            int taken = 0;
+            for (uint32_t q = 0; q < i && !taken; q++)
+                taken = ids[q] == e;
+            if (!taken && (best == UINT32_MAX || v[e] > v[best]))
+                best = e;
+        }
+        ids[i] = best;
+    }
+}
+
+static void sort_ids(uint32_t *ids, uint32_t k)
+{
+    for (uint32_t i = 1; i < k; i++)
+        for (uint32_t q = i; q > 0 && ids[q - 1] > ids[q]; q--) {
+            uint32_t t = ids[q];
+            ids[q] = ids[q - 1];
+            ids[q - 1] = t;
+        }
+}
+
+/* Token T's experts at layer L (x its residual stream after attention): softmax over
+ * router . rmsnorm(x), the n_expert_used most probable (best first) and their probabilities
+ * divided by their sum, as llama.cpp's build_moe_ffn does for llama. Counts how many the
+ * previous layer predicted. */
+static int route(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    layer_weights *w = &m->layers[l];
+    uint32_t k = c->n_expert_used, *sel = m->sel + (uint64_t)t * k;
+    float *p = m->router_logits, *sw = m->sel_w + (uint64_t)t * k;
+    int rc = rmsnorm(m, m->xb, m->x, w->ffn_norm, err, errlen);
+    if (!rc)
+        rc = matvec(m, w->router, m->xb, p, err, errlen);
+    if (rc)
+        return rc;
+    float max = -INFINITY;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        max = p[e] > max ? p[e] : max;
+    double sum = 0; /* as ggml's soft_max: exp(x - max), summed in f64, scaled by 1 / sum */
+    for (uint32_t e = 0; e < c->n_expert; e++) {
+        p[e] = vexpf(p[e] - max);
+        sum += p[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        p[e] *= inv;
+    top_k(p, c->n_expert, k, sel);
+    double wsum = 0;
+    for (uint32_t i = 0; i < k; i++)
+        wsum += sw[i] = p[sel[i]];
+    float ws = (float)wsum < 6.103515625e-5f ? 6.103515625e-5f : (float)wsum; /* f16's least */
+    for (uint32_t i = 0; i < k; i++)
+        sw[i] /= ws;
+    uint32_t *r = m->routes + ((uint64_t)t * c->n_layer + l) * k;
+    memcpy(r, sel, k * sizeof *r);
+    sort_ids(r, k);
+    if (l > 0) {
+        const uint32_t *pr = m->pred + (uint64_t)t * k;
+        for (uint32_t i = 0; i < k; i++)
+            for (uint32_t q = 0; q < k; q++)
+                m->pred_hits += r[i] == pr[q];
+        m->pred_total += k;
+    }
+    return 0;
+}
+
+/* Predicts token T's experts at layer L + 1 from its residual stream after layer L's attention:
+ * layer L + 1's router applied to x normalised by layer L + 1's ffn_norm. */
+static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    if (l + 1 >= c->n_layer)
+        return 0;
+    layer_weights *w = &m->layers[l + 1];
+    uint32_t k = c->n_expert_used, *pr = m->pred + (uint64_t)t * k;
+    int rc = rmsnorm(m, m->xb, m->x, w->ffn_norm, err, errlen);
+    if (!rc)
+        rc = matvec(m, w->router, m->xb, m->router_logits, err, errlen);
+    if (rc)
+        return rc;
+    top_k(m->router_logits, c->n_expert, k, pr); /* softmax keeps the order */
+    sort_ids(pr, k);
+    return 0;
+}
+
+/* x += sum over token T's experts e of weight_e * W_down_e . (silu(W_gate_e.xb) * W_up_e.xb),
+ * xb = rmsnorm(x); the experts prepared. */
+static int moe_block(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    uint32_t k = c->n_expert_used;
+    const uint32_t *sel = m->sel + (uint64_t)t * k;
+    const float *sw = m->sel_w + (uint64_t)t * k;
+    int rc = rmsnorm(m, m->xb, m->x, m->layers[l].ffn_norm, err, errlen);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < k; i++) {
+        ferry_tensor *tg, *tu, *td, *none[2] = {NULL, NULL};
+        uint64_t fg, fu, fd, rg, ru, rd;
+        expert_tensor(m, l, EXP_GATE, sel[i], &tg, &fg, &rg);
+        expert_tensor(m, l, EXP_UP, sel[i], &tu, &fu, &ru);
+        expert_tensor(m, l, EXP_DOWN, sel[i], &td, &fd, &rd);
+        matvec_job j = {.n = 0};
+        if ((rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
+            (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
+            (rc = matvec_run(m, &j, none, err, errlen)))
+            return rc;
+        swiglu(m->hb, m->hb2, c->ff);
+        j.n = 0;
+        if ((rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
+            (rc = matvec_run(m, &j, none, err, errlen)))
+            return rc;
+        /* as ggml: each expert's output times its weight, then added in order, best first */
+        for (uint32_t d = 0; d < c->dim; d++) {
+            float y = m->proj[d] * sw[i];
+            m->moe_acc[d] = i == 0 ? y : m->moe_acc[d] + y;
+        }
+    }
+    for (uint32_t d = 0; d < c->dim; d++)
+        m->x[d] += m->moe_acc[d];
     return 0;
 }
 
@@ -733,12 +1002,112 @@ static int head(llama *m, char *err, size_t errlen)
 
 /* ---- residency around the steps ------------------------------------------------------------ */
 
-static void layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
+/* The tensors layer L computes with into TS; returns how many. A mixture-of-experts layer's
+ * experts are not among them (prepare_experts), the next layer's router and ffn_norm are. */
+static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
 {
     layer_weights *w = &m->layers[l];
-    ferry_tensor *all[LAYER_TENSORS] = {w->attn_norm, w->wq,     w->wk,   w->wv,    w->wo,
-                                        w->ffn_norm,  w->w_gate, w->w_up, w->w_down};
-    memcpy(ts, all, sizeof all);
+    size_t n = 0;
+    ts[n++] = w->attn_norm;
+    ts[n++] = w->wq;
+    ts[n++] = w->wk;
+    ts[n++] = w->wv;
+    ts[n++] = w->wo;
+    ts[n++] = w->ffn_norm;
+    if (!m->c.n_expert) {
+        ts[n++] = w->w_gate;
+        ts[n++] = w->w_up;
+        ts[n++] = w->w_down;
+        return n;
+    }
+    ts[n++] = w->router;
+    if (l + 1 < m->c.n_layer) {
+        ts[n++] = m->layers[l + 1].ffn_norm;
+        ts[n++] = m->layers[l + 1].router;
+    }
+    return n;
+}
+
+/* Reads ahead what layer L computes with, its experts (all of them) included. */
+static void prefetch_layer(llama *m, uint32_t l)
+{
+    ferry_tensor *ts[LAYER_TENSORS];
+    ferry_prefetch(m->f, ts, layer_list(m, l, ts));
+    if (m->c.n_expert) {
+        uint32_t all[LLAMA_MAX_EXPERTS];
+        ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
+        for (uint32_t e = 0; e < m->c.n_expert; e++)
+            all[e] = e;
+        ferry_prefetch(m->f, ex, experts_list(m, l, all, m->c.n_expert, ex));
+    }
+}
+
+/* Grows the per-token buffers of a batch to N tokens. */
+static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    if (n <= m->batch_cap)
+        return 0;
+    float *xs = realloc(m->xs, (uint64_t)n * c->dim * sizeof *xs);
+    if (xs)
+        m->xs = xs;
+    int failed = !xs;
+    if (c->n_expert) {
+        uint64_t k = (uint64_t)n * c->n_expert_used;
+        uint32_t *sel = realloc(m->sel, k * sizeof *sel);
+        m->sel = sel ? sel : m->sel;
+        float *sw = realloc(m->sel_w, k * sizeof *sw);
+        m->sel_w = sw ? sw : m->sel_w;
+        uint32_t *pred = realloc(m->pred, k * sizeof *pred);
+        m->pred = pred ? pred : m->pred;
+        uint32_t *routes = realloc(m->routes, k * c->n_layer * sizeof *routes);
+        m->routes = routes ? routes : m->routes;
+        failed |= !sel || !sw || !pred || !routes;
+    }
+    if (failed) {
+        say(err, errlen, "out of memory for a batch of %u tokens", n);
+        return FERRY_ENOMEM;
+    }
+    m->batch_cap = n;
+    return 0;
+}
+
+/* Layer L of a mixture-of-experts model over the N tokens of the batch: attention and routing
+ * for each in order, then the experts the batch chose brought in once, each token through its
+ * own. */
+static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    int rc = 0;
+    uint8_t used[LLAMA_MAX_EXPERTS] = {0};
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        float *xt = m->xs + (uint64_t)t * c->dim;
+        memcpy(m->x, xt, c->dim * sizeof *m->x);
+        rc = attention_block(m, l, pos0 + t, err, errlen);
+        if (!rc)
+            rc = route(m, l, t, err, errlen);
+        if (!rc)
+            rc = predict_experts(m, l, t, err, errlen);
+        for (uint32_t i = 0; !rc && i < c->n_expert_used; i++)
+            used[m->sel[(uint64_t)t * c->n_expert_used + i]] = 1;
+        memcpy(xt, m->x, c->dim * sizeof *m->x);
+    }
+    if (rc)
+        return rc;
+    uint32_t ids[LLAMA_MAX_EXPERTS], k = 0;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        if (used[e])
+            ids[k++] = e;
+    if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
+        return rc;
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        float *xt = m->xs + (uint64_t)t * c->dim;
+        memcpy(m->x, xt, c->dim * sizeof *m->x);
+        rc = moe_block(m, l, t, err, errlen);
+        memcpy(xt, m->x, c->dim * sizeof *m->x);
+    }
+    release_experts(m);
+    return rc;
 }
 
 static int prepare(llama *m, ferry_tensor *const *ts, size_t n, char *err, size_t errlen)
@@ -758,37 +1127,31 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
             m->n_ctx);
         return FERRY_EINVAL;
     }
-    if (n > m->batch_cap) {
-        float *xs = realloc(m->xs, (uint64_t)n * c->dim * sizeof *xs);
-        if (!xs) {
-            say(err, errlen, "out of memory for a batch of %u tokens", n);
-            return FERRY_ENOMEM;
-        }
-        m->xs = xs;
-        m->batch_cap = n;
-    }
-    int rc = 0;
+    int rc = batch_reserve(m, n, err, errlen);
+    if (rc)
+        return rc;
+    m->routes_n = c->n_expert ? n : 0;
     for (uint32_t t = 0; t < n && !rc; t++) {
         rc = embed(m, tokens[t], err, errlen);
         memcpy(m->xs + (uint64_t)t * c->dim, m->x, c->dim * sizeof *m->x);
     }
     if (rc)
         return rc;
-    ferry_tensor *cur[LAYER_TENSORS], *next[LAYER_TENSORS];
+    ferry_tensor *cur[LAYER_TENSORS];
     ferry_tensor *hd[2] = {m->output_norm, m->output};
     for (uint32_t l = 0; l < c->n_layer; l++) {
-        layer_list(m, l, cur);
-        if ((rc = prepare(m, cur, LAYER_TENSORS, err, errlen)))
+        size_t n_cur = layer_list(m, l, cur);
+        if ((rc = prepare(m, cur, n_cur, err, errlen)))
             return rc;
         /* while this layer computes, the next one (or the head) is read */
-        if (l + 1 < c->n_layer) {
-            layer_list(m, l + 1, next);
-            ferry_prefetch(m->f, next, LAYER_TENSORS);
-        } else {
+        if (l + 1 < c->n_layer)
+            prefetch_layer(m, l + 1);
+        else
             ferry_prefetch(m->f, hd, 2);
-        }
+        if (c->n_expert)
+            rc = moe_layer(m, l, n, pos0, err, errlen);
         /* each token of the batch in order: the same arithmetic as one call per token */
-        for (uint32_t t = 0; t < n && !rc; t++) {
+        for (uint32_t t = 0; t < n && !rc && !c->n_expert; t++) {
             float *xt = m->xs + (uint64_t)t * c->dim;
             memcpy(m->x, xt, c->dim * sizeof *m->x);
             rc = attention_block(m, l, pos0 + t, err, errlen);
@@ -796,14 +1159,13 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
                 rc = ffn_block(m, l, err, errlen);
             memcpy(xt, m->x, c->dim * sizeof *m->x);
         }
-        ferry_release(m->f, cur, LAYER_TENSORS);
+        ferry_release(m->f, cur, n_cur);
         if (rc)
             return rc;
     }
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
-    layer_list(m, 0, next);
-    ferry_prefetch(m->f, next, LAYER_TENSORS);
+    prefetch_layer(m, 0);
     for (uint32_t t = 0; t < n && !rc; t++) {
         memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);
@@ -812,6 +1174,19 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
     }
     ferry_release(m->f, hd, 2);
     return rc;
+}
+
+const uint32_t *llama_routing(const llama *m, uint32_t t)
+{
+    if (!m->c.n_expert || t >= m->routes_n)
+        return NULL;
+    return m->routes + (uint64_t)t * m->c.n_layer * m->c.n_expert_used;
+}
+
+void llama_routing_stats(const llama *m, uint64_t *hits, uint64_t *predictions)
+{
+    *hits = m->pred_hits;
+    *predictions = m->pred_total;
 }
 
 int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,

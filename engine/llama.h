@@ -7,7 +7,10 @@
  * The forward pass is llama.cpp's for general.architecture = "llama": token embedding; per layer
  * RMSNorm, Q/K/V, RoPE (normal mode: adjacent pairs), grouped-query attention over a KV cache,
  * the output projection and residual, RMSNorm, the SwiGLU feed-forward and residual; the output
- * norm and the output head (token_embd.weight when output.weight is absent).
+ * norm and the output head (token_embd.weight when output.weight is absent). With
+ * llama.expert_count (Mixtral) the feed-forward is a mixture of experts: softmax over the
+ * router's logits, the top llama.expert_used_count experts, their weights renormalised to sum
+ * to one, and the weighted sum of each chosen expert's SwiGLU.
  */
 #ifndef FERRY_ENGINE_LLAMA_H
 #define FERRY_ENGINE_LLAMA_H
@@ -33,7 +36,12 @@ typedef struct llama_config {
     float eps;            /* llama.attention.layer_norm_rms_epsilon */
     uint32_t ctx_train;   /* llama.context_length (0: unknown) */
     int tied_output;      /* no output.weight: the head is token_embd.weight */
+    uint32_t n_expert;    /* llama.expert_count (0: a dense feed-forward) */
+    uint32_t n_expert_used; /* llama.expert_used_count: experts per token (0 when dense) */
 } llama_config;
+
+/* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define LLAMA_MAX_EXPERTS 512
 
 typedef struct llama llama;
 
@@ -71,5 +79,16 @@ int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, 
  * the same bits. LOGITS receives N rows of vocab floats. 0, or a code with the reason in ERR. */
 int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t pos0,
                         float *logits, char *err, size_t errlen);
+
+/* Mixture of experts: the experts token T (0 .. n-1) of the last llama_forward_batch (or
+ * llama_forward: T = 0) went through, n_layer rows of n_expert_used ids, each row ascending.
+ * Valid until the next forward call; NULL for a dense model or T outside the last batch. */
+const uint32_t *llama_routing(const llama *m, uint32_t t);
+
+/* Mixture of experts: after each layer's attention the engine predicts the next layer's experts
+ * (that layer's router applied to the residual stream normalised by its ffn_norm). *HITS: how
+ * many predicted experts were then chosen, *PREDICTIONS: how many were predicted, since create
+ * (both 0 for a dense model). */
+void llama_routing_stats(const llama *m, uint64_t *hits, uint64_t *predictions);
 
 #endif
