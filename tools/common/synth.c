@@ -115,9 +115,13 @@ static void add(builder *b, int kind, uint32_t ndim, const int64_t *dims, const 
     t->n_elems = n;
     t->nbytes = nbytes;
     t->kind = kind;
-    t->scale = kind == SYNTH_NORM ? 0.02f
-               : kind == SYNTH_BIAS ? 0.01f
-                                    : (float)(1.0 / sqrt((double)(fan_in ? fan_in : 1)));
+    /* a 3-D weight is a stack of matrices (experts): its fan-in is one matrix's columns */
+    if (kind == SYNTH_WEIGHT && ndim == 3)
+        fan_in = (uint64_t)dims[2];
+    t->scale = kind == SYNTH_NORM     ? 0.02f
+               : kind == SYNTH_BIAS   ? 0.01f
+               : kind == SYNTH_ROUTER ? 1.0f
+                                      : (float)(1.0 / sqrt((double)(fan_in ? fan_in : 1)));
     m->n++;
 }
 
@@ -126,7 +130,7 @@ static void add(builder *b, int kind, uint32_t ndim, const int64_t *dims, const 
 static void build_llama(builder *b)
 {
     const synth_config *c = &b->m->cfg;
-    int64_t dim = c->dim, ff = c->ff, vocab = c->vocab;
+    int64_t dim = c->dim, ff = c->ff, vocab = c->vocab, ne = c->experts;
     int64_t kv = (int64_t)c->dim / c->heads * c->kv_heads;
     char p[64];
     add(b, SYNTH_WEIGHT, 2, V(vocab, dim), "token_embd.weight");
@@ -138,6 +142,13 @@ static void build_llama(builder *b)
         add(b, SYNTH_WEIGHT, 2, V(kv, dim), "%sattn_v.weight", p);
         add(b, SYNTH_WEIGHT, 2, V(dim, dim), "%sattn_output.weight", p);
         add(b, SYNTH_NORM, 1, V(dim), "%sffn_norm.weight", p);
+        if (ne) { /* Mixtral: the router, then each FFN matrix stacked over the experts */
+            add(b, SYNTH_ROUTER, 2, V(ne, dim), "%sffn_gate_inp.weight", p);
+            add(b, SYNTH_WEIGHT, 3, V(ne, ff, dim), "%sffn_gate_exps.weight", p);
+            add(b, SYNTH_WEIGHT, 3, V(ne, ff, dim), "%sffn_up_exps.weight", p);
+            add(b, SYNTH_WEIGHT, 3, V(ne, dim, ff), "%sffn_down_exps.weight", p);
+            continue;
+        }
         add(b, SYNTH_WEIGHT, 2, V(ff, dim), "%sffn_gate.weight", p);
         add(b, SYNTH_WEIGHT, 2, V(ff, dim), "%sffn_up.weight", p);
         add(b, SYNTH_WEIGHT, 2, V(dim, ff), "%sffn_down.weight", p);
@@ -456,6 +467,15 @@ int synth_plan(const synth_config *cfg, synth_model *m, char *err, size_t errlen
         c->dtype != FERRY_DTYPE_BF16 && !is_quant(c->dtype)) {
         snprintf(err, errlen, "--dtype %s: gen writes f32, f16, bf16, q8_0 or q4_0",
                  ferry_dtype_name(c->dtype));
+        return CLI_EXIT_USAGE;
+    }
+    if (c->arch == SYNTH_UNET && (cfg->experts || cfg->experts_used)) {
+        snprintf(err, errlen, "--experts and --experts-used are for --arch moe");
+        return CLI_EXIT_USAGE;
+    }
+    if (c->experts && (!c->experts_used || c->experts_used > c->experts)) {
+        snprintf(err, errlen, "--experts-used %u: between 1 and --experts %u", c->experts_used,
+                 c->experts);
         return CLI_EXIT_USAGE;
     }
     if (c->arch == SYNTH_UNET && (cfg->ff || cfg->vocab || cfg->kv_heads)) {
@@ -815,6 +835,10 @@ static int write_meta(ferry_writer *w, const synth_model *m)
         rc = rc ? rc : set_meta_f32(w, g, "llama.attention.layer_norm_rms_epsilon", 1e-5);
         rc = rc ? rc : set_meta_f32(w, g, "llama.rope.freq_base", 10000.0);
         rc = rc ? rc : set_meta_u64(w, g, "llama.vocab_size", U32, c->vocab);
+        if (c->experts) {
+            rc = rc ? rc : set_meta_u64(w, g, "llama.expert_count", U32, c->experts);
+            rc = rc ? rc : set_meta_u64(w, g, "llama.expert_used_count", U32, c->experts_used);
+        }
         /* no vocabulary: llama.cpp then makes vocab_size placeholder tokens, and runs the file */
         if (g)
             rc = rc ? rc : ferry_writer_set_meta_str(w, "tokenizer.ggml.model", "none");

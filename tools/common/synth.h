@@ -23,6 +23,8 @@ typedef struct synth_config {
     /* llama: blocks, embedding width, feed-forward width, vocabulary, attention heads.
      * unet: layers = resnets per down block, dim = base channels, heads = attention heads. */
     uint32_t layers, dim, ff, vocab, heads, kv_heads;
+    /* llama: a Mixtral-style mixture of experts when EXPERTS is nonzero, EXPERTS_USED per token */
+    uint32_t experts, experts_used;
 } synth_config;
 
 typedef struct synth_tensor {
@@ -32,11 +34,13 @@ typedef struct synth_tensor {
     int64_t shape[4];        /* the format's own order */
     uint64_t n_elems;
     uint64_t nbytes;
-    int kind;                /* SYNTH_WEIGHT, SYNTH_NORM, SYNTH_BIAS */
+    int kind;                /* SYNTH_WEIGHT, SYNTH_NORM, SYNTH_BIAS, SYNTH_ROUTER */
     float scale;             /* standard deviation of the values (around 1.0 for norms) */
 } synth_tensor;
 
-enum { SYNTH_WEIGHT = 0, SYNTH_NORM = 1, SYNTH_BIAS = 2 };
+/* SYNTH_ROUTER: a mixture of experts' router, N(0, 1) so that routing is decisive, f32 in GGUF
+ * (as llama.cpp's converter keeps it) */
+enum { SYNTH_WEIGHT = 0, SYNTH_NORM = 1, SYNTH_BIAS = 2, SYNTH_ROUTER = 3 };
 
 typedef struct synth_model {
     synth_config cfg;        /* with every dimension resolved */

@@ -1,6 +1,6 @@
 /*
  * cmd_gen.c — `ferry gen`: writes a synthetic model (synth.c) with the real tensor names and shapes
- * of a llama LLM or a diffusers UNet, sized by --size or by explicit dimensions, deterministic from
+ * of a llama LLM (dense, or a Mixtral-style mixture of experts) or a diffusers UNet, sized by --size or by explicit dimensions, deterministic from
  * --seed. Used by tests, demos and benchmarks to get models of any size without downloading one.
  * With --lora BASE it writes a LoRA adapter for an existing model instead (gen_lora.c).
  */
@@ -26,7 +26,9 @@ static const char *HELP =
     "  --format gguf|safetensors\n"
     "                         file format (default: safetensors for a *.safetensors FILE,\n"
     "                         gguf otherwise)\n"
-    "  --arch llama|unet      architecture (default llama)\n"
+    "  --arch llama|moe|unet  architecture (default llama); moe: a Mixtral-style llama whose\n"
+    "                         feed-forward is a mixture of experts (ffn_gate_inp, the\n"
+    "                         router, N(0, 1) and f32 in GGUF; ffn_{gate,up,down}_exps)\n"
     "  --size SIZE            aim at this many bytes of tensors, within about 10% (default\n"
     "                         256MiB when no dimension is given): 1GiB, 500MB, ...\n"
     "  --dtype TYPE           f32, f16 (default), bf16; q8_0, q4_0 in GGUF only. GGUF keeps\n"
@@ -40,6 +42,8 @@ static const char *HELP =
     "  --vocab V              vocabulary (default 32000, less for small sizes)\n"
     "  --heads H              attention heads (default D/128 or D/64)\n"
     "  --kv-heads K           key/value heads (default H)\n"
+    "  --experts N            moe: experts per layer (default 8)\n"
+    "  --experts-used K       moe: experts each token uses (default 2)\n"
     "  unet dimensions:\n"
     "  --layers N             resnets per down block (default 2)\n"
     "  --dim C                base channels (block widths C, 2C, 4C, 4C)\n"
@@ -154,6 +158,12 @@ static void print_summary_json(const synth_model *m, const char *path, int dry, 
         cli_json_u64(&j, c->heads);
         cli_json_key(&j, "kv_heads");
         cli_json_u64(&j, c->kv_heads);
+        if (c->experts) {
+            cli_json_key(&j, "experts");
+            cli_json_u64(&j, c->experts);
+            cli_json_key(&j, "experts_used");
+            cli_json_u64(&j, c->experts_used);
+        }
     } else {
         cli_json_key(&j, "cross_attention_dim");
         cli_json_u64(&j, m->cross_dim);
@@ -175,7 +185,11 @@ static void print_summary_json(const synth_model *m, const char *path, int dry, 
 static void describe(const synth_model *m, char *buf, size_t len)
 {
     const synth_config *c = &m->cfg;
-    if (c->arch == SYNTH_LLAMA)
+    if (c->arch == SYNTH_LLAMA && c->experts)
+        snprintf(buf, len, "llama, %u layers, dim %u, ff %u, vocab %u, heads %u/%u, %u experts "
+                 "(%u used)", c->layers, c->dim, c->ff, c->vocab, c->heads, c->kv_heads,
+                 c->experts, c->experts_used);
+    else if (c->arch == SYNTH_LLAMA)
         snprintf(buf, len, "llama, %u layers, dim %u, ff %u, vocab %u, heads %u/%u", c->layers,
                  c->dim, c->ff, c->vocab, c->heads, c->kv_heads);
     else
@@ -188,7 +202,7 @@ int cmd_gen(int argc, char **argv)
     const char *out = NULL, *format = NULL, *arch = "llama", *size = NULL, *dtype = "f16";
     const char *seed = NULL, *layers = NULL, *dim = NULL, *ff = NULL, *vocab = NULL;
     const char *heads = NULL, *kv_heads = NULL, *lora = NULL, *rank = NULL, *scheme = NULL;
-    const char *arch_opt = NULL, *dtype_opt = NULL;
+    const char *arch_opt = NULL, *dtype_opt = NULL, *experts = NULL, *experts_used = NULL;
     int quiet = 0, json = 0, dry = 0, npos = 0;
     cli_opt opts[] = {
         {"output", 'o', CLI_OPT_STRING, &out},      {"format", 0, CLI_OPT_STRING, &format},
@@ -200,6 +214,8 @@ int cmd_gen(int argc, char **argv)
         {"quiet", 'q', CLI_OPT_FLAG, &quiet},       {"json", 0, CLI_OPT_FLAG, &json},
         {"dry-run", 0, CLI_OPT_FLAG, &dry},         {"lora", 0, CLI_OPT_STRING, &lora},
         {"rank", 0, CLI_OPT_STRING, &rank},         {"scheme", 0, CLI_OPT_STRING, &scheme},
+        {"experts", 0, CLI_OPT_STRING, &experts},
+        {"experts-used", 0, CLI_OPT_STRING, &experts_used},
     };
     int rc = cli_parse("gen", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
     if (rc == CLI_HELP) {
@@ -215,7 +231,9 @@ int cmd_gen(int argc, char **argv)
         const char *stray = format ? "--format" : arch_opt ? "--arch" : size ? "--size"
                           : dtype_opt ? "--dtype" : layers ? "--layers" : dim ? "--dim"
                           : ff ? "--ff" : vocab ? "--vocab" : heads ? "--heads"
-                          : kv_heads ? "--kv-heads" : dry ? "--dry-run" : json ? "--json" : NULL;
+                          : kv_heads ? "--kv-heads" : experts ? "--experts"
+                          : experts_used ? "--experts-used" : dry ? "--dry-run"
+                          : json ? "--json" : NULL;
         return gen_lora(lora, out, rank, scheme, seed, quiet, stray);
     }
     if (rank || scheme)
@@ -229,12 +247,23 @@ int cmd_gen(int argc, char **argv)
 
     synth_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    if (strcmp(arch, "llama") == 0)
+    int moe = strcmp(arch, "moe") == 0;
+    if (strcmp(arch, "llama") == 0 || moe)
         cfg.arch = SYNTH_LLAMA;
     else if (strcmp(arch, "unet") == 0)
         cfg.arch = SYNTH_UNET;
     else
-        return cli_usage_error("gen", "--arch: '%s' is not llama or unet", arch);
+        return cli_usage_error("gen", "--arch: '%s' is not llama, moe or unet", arch);
+    if ((experts || experts_used) && !moe)
+        return cli_usage_error("gen", "%s needs --arch moe",
+                               experts ? "--experts" : "--experts-used");
+    if (moe) {
+        cfg.experts = 8;
+        cfg.experts_used = 2;
+        if ((rc = dim_arg("experts", experts, 512, &cfg.experts)) != 0 ||
+            (rc = dim_arg("experts-used", experts_used, 512, &cfg.experts_used)) != 0)
+            return rc;
+    }
     if (format) {
         if (strcmp(format, "gguf") == 0)
             cfg.format = FERRY_FORMAT_GGUF;

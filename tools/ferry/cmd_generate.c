@@ -3,7 +3,8 @@
  * weights ferry places: evaluates the prompt (each position computed as alone, --batch of them per
  * pass over the layers, so a prompt reads the model once), then generates N tokens, and
  * reports them with their text, the time to the first token, decode speed, bytes read per token
- * and peak memory. --logits writes every evaluated position's logits (raw little-endian f32).
+ * and peak memory. --logits writes every evaluated position's logits (raw little-endian f32);
+ * --trace-routing, for a mixture-of-experts model, the experts each evaluated position used.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,22 @@ static uint32_t argmax(const float *v, uint32_t n)
     return best;
 }
 
+/* One line per token of the last batch of N: "L0:3,7 L1:0,5 ..." (each layer's experts). */
+static int write_routing(FILE *tf, const llama *m, uint32_t n)
+{
+    const llama_config *c = llama_get_config(m);
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t *r = llama_routing(m, t);
+        for (uint32_t l = 0; r && l < c->n_layer; l++) {
+            fprintf(tf, "%sL%u:", l ? " " : "", l);
+            for (uint32_t i = 0; i < c->n_expert_used; i++)
+                fprintf(tf, "%s%u", i ? "," : "", r[(uint64_t)l * c->n_expert_used + i]);
+        }
+        fputc('\n', tf);
+    }
+    return ferror(tf) ? -1 : 0;
+}
+
 /* Reserves the engine's own memory (KV cache, activations, scratch) against the host budget. */
 static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx, int threads)
 {
@@ -81,10 +98,15 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "  --logits FILE          every evaluated position's logits, raw little-endian f32,\n"
         "                         n_vocab per row: one row per prompt token, then one per\n"
         "                         generated token but the last\n"
-        "  --json                 one JSON object on stdout\n"
+        "  --trace-routing FILE   mixture-of-experts models: one line per evaluated position\n"
+        "                         (the prompt's, then each generated token's but the last),\n"
+        "                         the experts each layer used, ascending: L0:3,7 L1:0,5 ...\n"
+        "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
+        "                         routing_predictions for a mixture of experts: how many of\n"
+        "                         the experts predicted for each next layer it then chose)\n"
         "%s";
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
-               *logits_path = NULL, *batch_s = NULL;
+               *logits_path = NULL, *batch_s = NULL, *trace_path = NULL;
     int json = 0;
     cli_opt opts[16];
     size_t no = 0;
@@ -95,6 +117,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     opts[no++] = (cli_opt){"ctx", 0, CLI_OPT_STRING, &ctx_s};
     opts[no++] = (cli_opt){"batch", 0, CLI_OPT_STRING, &batch_s};
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
+    opts[no++] = (cli_opt){"trace-routing", 0, CLI_OPT_STRING, &trace_path};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
     int npos = 0;
     int prc = runopts_parse_args("generate", rp, &argc, argv, opts, no, &npos);
@@ -147,8 +170,9 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     int rc = CLI_EXIT_OK;
     char err[512] = "";
     llama *m = NULL;
-    FILE *lf = NULL;
+    FILE *lf = NULL, *tf = NULL;
     char *logits_real = NULL; /* the file --logits writes: the path, or the target of its link */
+    char *trace_real = NULL;
     uint32_t *gen = NULL;
     float *rows = NULL;
     tokenizer *tok = tokenizer_create(ferry_catalog_of(f), err, sizeof err);
@@ -199,6 +223,18 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_error("%s: cannot create", logits_path);
         goto out;
     }
+    if (trace_path && !c->n_expert) {
+        rc = cli_usage_error("generate", "--trace-routing: %s is not a mixture of experts "
+                             "(no llama.expert_count)", argv[1]);
+        goto out;
+    }
+    if (trace_path && (rc = runopts_check_output(rp, "generate", "--trace-routing", trace_path,
+                                                 f, &trace_real)) != 0)
+        goto out;
+    if (trace_path && !(tf = fopen(trace_real, "w"))) {
+        rc = cli_error("%s: cannot create", trace_path);
+        goto out;
+    }
     gen = malloc(n_gen * sizeof *gen);
     if (!gen) {
         rc = cli_error("out of memory");
@@ -237,6 +273,10 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             rc = cli_error("%s: write error", logits_path);
             goto out;
         }
+        if (tf && write_routing(tf, m, k) != 0) {
+            rc = cli_error("%s: write error", trace_path);
+            goto out;
+        }
         i += k;
         if (i >= (uint64_t)np) {
             next = argmax(rows + (uint64_t)(k - 1) * c->vocab, c->vocab);
@@ -253,6 +293,16 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             goto out;
         }
     }
+    if (tf) {
+        int bad = fclose(tf) != 0;
+        tf = NULL;
+        if (bad) {
+            rc = cli_error("%s: write error", trace_path);
+            goto out;
+        }
+    }
+    uint64_t route_hits = 0, route_preds = 0;
+    llama_routing_stats(m, &route_hits, &route_preds);
     ferry_stats st;
     ferry_get_stats(f, &st);
     uint64_t evals = (uint64_t)np + n_gen - 1;
@@ -302,6 +352,12 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_u64(&j, st.prefetch_hits);
         cli_json_key(&j, "prefetch_misses");
         cli_json_u64(&j, st.prefetch_misses);
+        if (c->n_expert) {
+            cli_json_key(&j, "routing_predicted_hits");
+            cli_json_u64(&j, route_hits);
+            cli_json_key(&j, "routing_predictions");
+            cli_json_u64(&j, route_preds);
+        }
         cli_json_end_object(&j);
         cli_json_finish(&j);
     } else {
@@ -328,11 +384,17 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
                t_first, tok_s, (unsigned long long)threads, cli_size(per_token, b1),
                cli_size(cli_peak_rss(), b2), (unsigned long long)st.prefetch_hits,
                (unsigned long long)st.prefetch_misses);
+        if (c->n_expert)
+            printf("experts predicted for the next layer: %llu of %llu chosen\n",
+                   (unsigned long long)route_hits, (unsigned long long)route_preds);
     }
 out:
     if (lf)
         fclose(lf);
+    if (tf)
+        fclose(tf);
     free(logits_real);
+    free(trace_real);
     free(gen);
     free(rows);
     llama_destroy(m);
