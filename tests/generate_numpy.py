@@ -4,13 +4,15 @@ architecture, written from the model's definition (float64 throughout).
 
 It writes small llama GGUF files itself (random weights in every type the engine reads: f32, f16,
 bf16, q8_0, q4_0, q4_K with q6_K, dense and grouped-query attention, tied and separate output
-heads), runs `ferry generate --logits` on them under several placements (resident, home disk under
+heads, and Mixtral-style mixtures of experts), runs `ferry generate --logits` on them under several placements (resident, home disk under
 a host budget, everything lazy, direct reads, LoRA merged and at runtime), and for every evaluated
 position compares ferry's logits with numpy's on the same token sequence:
     ||ferry - numpy||_2 / ||numpy||_2 <= 1e-3 (5e-3 where vectors are rounded coarsely, to bf16
     or to q8_0 / q8_K: one element rounded the other way at a boundary, float32 against float64,
     moves these small models' logits by about 1e-3; not rounding at all moves them by 1e-2),
-and checks that each generated token is numpy's argmax (or within the tolerance of it). The
+and checks that each generated token is numpy's argmax (or within the tolerance of it); for a
+mixture of experts also that every position went through numpy's experts (--trace-routing) and
+that the next-layer predictions hit as often as numpy's (--json). The
 products round their vector as llama.cpp's CPU back end does (act() below), and attention keeps
 the KV cache in f16 as its flash attention does (Reference.attention).
 
@@ -264,7 +266,10 @@ def encode(typ, x, rng):
 
 
 def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, vocab=512,
-               tied=False, rope_base=10000.0, eps=1e-5, seed=0, extra_meta=()):
+               tied=False, rope_base=10000.0, eps=1e-5, seed=0, extra_meta=(), experts=None):
+    """EXPERTS: (n_expert, n_used) for a Mixtral-style feed-forward: the router ffn_gate_inp
+    N(0, 1) in f32 (routing is then decisive), ffn_{gate,up,down}_exps stacked over the experts
+    (n_expert the outermost dimension) in WTYPE."""
     rng = np.random.default_rng(seed)
     kv = dim // heads * kv_heads
     # Q4_K_M-like: attn_v, ffn_down and the output head in q6_K
@@ -278,14 +283,27 @@ def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, voca
     def norm(name):
         return (name, T_F32, [dim], encode(T_F32, 1 + rng.normal(0, 0.1, dim), rng))
 
+    def stacked(name, rows, cols):
+        ne = experts[0]
+        x = rng.normal(0, 0.02, size=(ne, rows, cols))
+        return (name, wtype, [cols, rows, ne], encode(wtype, x, rng))
+
+    def ffn(p):
+        if not experts:
+            return [weight(p + "ffn_gate.weight", ff, dim), weight(p + "ffn_up.weight", ff, dim),
+                    weight(p + "ffn_down.weight", dim, ff)]
+        router = rng.normal(0, 1, size=(experts[0], dim))
+        return [(p + "ffn_gate_inp.weight", T_F32, [dim, experts[0]], encode(T_F32, router, rng)),
+                stacked(p + "ffn_gate_exps.weight", ff, dim),
+                stacked(p + "ffn_up_exps.weight", ff, dim),
+                stacked(p + "ffn_down_exps.weight", dim, ff)]
+
     ts = [weight("token_embd.weight", vocab, dim)]
     for l in range(layers):
         p = "blk.%d." % l
         ts += [norm(p + "attn_norm.weight"), weight(p + "attn_q.weight", dim, dim),
                weight(p + "attn_k.weight", kv, dim), weight(p + "attn_v.weight", kv, dim),
-               weight(p + "attn_output.weight", dim, dim), norm(p + "ffn_norm.weight"),
-               weight(p + "ffn_gate.weight", ff, dim), weight(p + "ffn_up.weight", ff, dim),
-               weight(p + "ffn_down.weight", dim, ff)]
+               weight(p + "attn_output.weight", dim, dim), norm(p + "ffn_norm.weight")] + ffn(p)
     ts.append(norm("output_norm.weight"))
     if not tied:
         ts.append(weight("output.weight", vocab, dim))
@@ -297,6 +315,9 @@ def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, voca
             ("llama.rope.dimension_count", V_U32, dim // heads),
             ("llama.rope.freq_base", V_F32, rope_base),
             ("llama.attention.layer_norm_rms_epsilon", V_F32, eps)] + list(extra_meta)
+    if experts:
+        meta += [("llama.expert_count", V_U32, experts[0]),
+                 ("llama.expert_used_count", V_U32, experts[1])]
     write_gguf(path, meta, ts)
 
 
@@ -353,6 +374,10 @@ class Reference:
         self.rope_dim = g("rope.dimension_count", self.hd)
         self.base = g("rope.freq_base", 10000.0)
         self.eps = g("attention.layer_norm_rms_epsilon")
+        self.n_expert = g("expert_count", 0)
+        self.n_used = g("expert_used_count", 0)
+        self.routes = []  # per position: per layer the experts used, ascending
+        self.pred_hits = self.preds = 0
         self.w = {}
         for name, (typ, ne, raw) in ts.items():
             v = dequant(typ, raw, int(np.prod(ne)))
@@ -419,6 +444,7 @@ class Reference:
     def forward(self, token, pos):
         w = self.w
         x = w["token_embd.weight"][token].copy()
+        route, pred = [], []
         for l in range(self.n_layer):
             p = "blk.%d." % l
             h = self.rmsnorm(x, w[p + "attn_norm.weight"])
@@ -429,9 +455,40 @@ class Reference:
             att = self.attention(q, np.stack(self.k[l]), np.stack(self.v[l]))
             x = x + self.mv(p + "attn_output.weight", att.reshape(-1))
             h = self.rmsnorm(x, w[p + "ffn_norm.weight"])
-            gte, up = self.mv(p + "ffn_gate.weight", h), self.mv(p + "ffn_up.weight", h)
-            x = x + self.mv(p + "ffn_down.weight", gte / (1 + np.exp(-gte)) * up)
+            if not self.n_expert:
+                gte, up = self.mv(p + "ffn_gate.weight", h), self.mv(p + "ffn_up.weight", h)
+                x = x + self.mv(p + "ffn_down.weight", gte / (1 + np.exp(-gte)) * up)
+                continue
+            sel, wts = self.experts(l, h)
+            if l > 0:
+                self.pred_hits += len(set(sel) & set(pred))
+                self.preds += self.n_used
+            route.append(sorted(sel))
+            if l + 1 < self.n_layer:  # the next layer's router on x under its ffn_norm
+                q = "blk.%d." % (l + 1)
+                pred, _ = self.experts(l + 1, self.rmsnorm(x, w[q + "ffn_norm.weight"]))
+            x = x + self.moe(p, h, sel, wts)
+        if self.n_expert:
+            self.routes.append(route)
         return self.mv(self.out_name, self.rmsnorm(x, w["output_norm.weight"]))
+
+    def experts(self, l, h):
+        """Mixtral's routing: softmax over the router's logits, the n_used most probable
+        experts, their probabilities divided by their sum."""
+        z = self.mv("blk.%d.ffn_gate_inp.weight" % l, h)
+        prob = np.exp(z - z.max())
+        prob /= prob.sum()
+        sel = [int(e) for e in np.argsort(-prob, kind="stable")[:self.n_used]]
+        return sel, prob[sel] / prob[sel].sum()
+
+    def moe(self, p, h, sel, wts):
+        """The weighted sum of each chosen expert's SwiGLU."""
+        out = 0
+        for e, we in zip(sel, wts):
+            ex = lambda n, v: self.w[p + n][e] @ act(v, self.types[p + n])
+            gte, up = ex("ffn_gate_exps.weight", h), ex("ffn_up_exps.weight", h)
+            out = out + we * ex("ffn_down_exps.weight", gte / (1 + np.exp(-gte)) * up)
+        return out
 
 
 # ---- the checks -------------------------------------------------------------------------------
@@ -439,9 +496,11 @@ class Reference:
 FAILED = []
 
 
-def run_ferry(cli, model, prompt, n, logits, extra):
+def run_ferry(cli, model, prompt, n, logits, extra, trace=None):
     cmd = [cli, "generate", model, "--tokens", ",".join(map(str, prompt)), "-n", str(n),
            "--threads", "2", "--logits", logits, "--json"] + extra
+    if trace:
+        cmd += ["--trace-routing", trace]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr))
@@ -449,10 +508,11 @@ def run_ferry(cli, model, prompt, n, logits, extra):
 
 
 def check(cli, work, label, model, extra=(), adapters=(), prompt=(1, 17, 230, 5, 99), n=6,
-          staged=None):
+          staged=None, moe=False):
     logits = os.path.join(work, "logits.f32")
+    trace = os.path.join(work, "routing.txt") if moe else None
     try:
-        out = run_ferry(cli, model, list(prompt), n, logits, list(extra))
+        out = run_ferry(cli, model, list(prompt), n, logits, list(extra), trace)
     except RuntimeError as e:
         FAILED.append(label)
         print("FAIL %s: %s" % (label, e))
@@ -480,9 +540,24 @@ def check(cli, work, label, model, extra=(), adapters=(), prompt=(1, 17, 230, 5,
             if want[tok] < want.max() - tol * np.linalg.norm(want) / np.sqrt(nv):
                 bad_tok.append((i, tok, int(want.argmax())))
     ok = worst <= tol and not bad_tok
+    note = "" if not bad_tok else ", tokens differ at %s" % bad_tok
+    if moe:
+        want_lines = [" ".join("L%d:%s" % (l, ",".join(map(str, r))) for l, r in enumerate(rt))
+                      for rt in ref.routes]
+        got_lines = open(trace).read().splitlines()
+        if got_lines != want_lines:
+            ok = False
+            bad = [i for i in range(max(len(got_lines), len(want_lines)))
+                   if got_lines[i:i + 1] != want_lines[i:i + 1]]
+            note += ", routing differs at rows %s" % bad[:5]
+        counts = (out.get("routing_predicted_hits"), out.get("routing_predictions"))
+        if counts != (ref.pred_hits, ref.preds):
+            ok = False
+            note += ", predicted hits %s, numpy %s" % (counts, (ref.pred_hits, ref.preds))
+        else:
+            note += ", predicted %d/%d" % counts
     print("%s %-40s max rel err %.2e over %d rows%s" % ("ok  " if ok else "FAIL", label, worst,
-                                                        len(seq), "" if not bad_tok else
-                                                        ", tokens differ at %s" % bad_tok))
+                                                        len(seq), note))
     if not ok:
         FAILED.append(label)
 
@@ -565,6 +640,21 @@ def main():
               ["-a", adapter, "--home", "disk", "--budget", "host=%d" % (4 * layer)],
               adapters=[(adapter, 1.0)])
     check_tokenizer(cli, work)
+    # Mixtral-style mixtures of experts: 8 experts, 2 used, the router decisive
+    # (the q8_0 seed is one where no element of a q8_0 vector lands on a rounding boundary
+    # between float32 and float64: at this size one that does moves the logits by 1e-2)
+    moe = {}
+    for typ, nm, seed in ((T_F32, "f32", 20), (T_F16, "f16", 21), (T_Q8_0, "q8_0", 29)):
+        path = os.path.join(work, "m_moe_%s.gguf" % nm)
+        make_model(path, typ, dim=128, ff=128, kv_heads=2, layers=3, vocab=256, seed=seed,
+                   experts=(8, 2))
+        moe[nm] = path
+        check(cli, work, "%s moe resident" % nm, path, prompt=(1, 17, 230, 5, 99, 3), moe=True)
+    moe_layer = os.path.getsize(moe["f32"]) // 3  # about a layer of the f32 model
+    for nm in ("f32", "q8_0"):
+        check(cli, work, "%s moe home disk, host budget" % nm, moe[nm],
+              ["--home", "disk", "--budget", "host=%d" % (2 * moe_layer), "--batch", "2"],
+              moe=True)
     if FAILED:
         print("generate_numpy: %d checks failed: %s" % (len(FAILED), ", ".join(FAILED)))
         return 1
