@@ -4,10 +4,13 @@ comparing `ferry generate` with llama.cpp on the same file (bench/llama_compare.
 
 Random N(0, 0.02) weights, RMSNorm weights of one, the SentencePiece vocabulary (and its tokenizer
 metadata) copied from llama.cpp's models/ggml-vocab-llama-spm.gguf. f32 or f16 weights; the other
-types come from llama-quantize.
+types come from llama-quantize. --experts N --experts-used K writes a Mixtral-style model: the
+router ffn_gate_inp N(0, 1) in f32 (as llama.cpp's converter keeps it; routing is then
+decisive), ffn_{gate,up,down}_exps N(0, 0.02) stacked over the experts.
 
     PYTHONPATH=LLAMA_CPP/gguf-py /usr/bin/python3 llama_ref_models.py VOCAB.gguf OUT.gguf \
-        [--dim D] [--ff F] [--layers L] [--heads H] [--kv-heads K] [--tied] [--f32] [--seed S]
+        [--dim D] [--ff F] [--layers L] [--heads H] [--kv-heads K] [--tied] [--f32] [--seed S] \
+        [--experts N --experts-used K]
 """
 import argparse
 
@@ -28,6 +31,8 @@ def main():
     ap.add_argument("--f32", action="store_true")
     ap.add_argument("--rope-base", type=float, default=10000.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experts", type=int, default=0)
+    ap.add_argument("--experts-used", type=int, default=2)
     a = ap.parse_args()
     kvh = a.kv_heads or a.heads
     hd = a.dim // a.heads
@@ -52,6 +57,9 @@ def main():
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(a.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
+    if a.experts:
+        w.add_expert_count(a.experts)
+        w.add_expert_used_count(a.experts_used)
     w.add_file_type(0 if a.f32 else 1)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("llama")
@@ -80,6 +88,14 @@ def main():
         mat(p + "attn_v.weight", kvh * hd, a.dim)
         mat(p + "attn_output.weight", a.dim, a.heads * hd)
         norm(p + "ffn_norm.weight", a.dim)
+        if a.experts:
+            w.add_tensor(p + "ffn_gate_inp.weight",
+                         rng.normal(0, 1, size=(a.experts, a.dim)).astype(np.float32))
+            for part, rows, cols in (("gate", a.ff, a.dim), ("up", a.ff, a.dim),
+                                     ("down", a.dim, a.ff)):
+                w.add_tensor(p + "ffn_%s_exps.weight" % part,
+                             rng.normal(0, 0.02, size=(a.experts, rows, cols)).astype(vt))
+            continue
         mat(p + "ffn_gate.weight", a.ff, a.dim)
         mat(p + "ffn_up.weight", a.ff, a.dim)
         mat(p + "ffn_down.weight", a.dim, a.ff)

@@ -1028,12 +1028,12 @@ static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
     return n;
 }
 
-/* Reads ahead what layer L computes with, its experts (all of them) included. */
-static void prefetch_layer(llama *m, uint32_t l)
+/* Reads ahead what layer L computes with, and with EXPERTS its experts (all of them). */
+static void prefetch_layer(llama *m, uint32_t l, int experts)
 {
     ferry_tensor *ts[LAYER_TENSORS];
     ferry_prefetch(m->f, ts, layer_list(m, l, ts));
-    if (m->c.n_expert) {
+    if (experts && m->c.n_expert) {
         uint32_t all[LLAMA_MAX_EXPERTS];
         ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
         for (uint32_t e = 0; e < m->c.n_expert; e++)
@@ -1100,6 +1100,9 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
             ids[k++] = e;
     if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
         return rc;
+    /* the next layer's experts are read while these compute, not before they are held */
+    if (l + 1 < c->n_layer)
+        prefetch_layer(m, l + 1, 1);
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
@@ -1145,7 +1148,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
             return rc;
         /* while this layer computes, the next one (or the head) is read */
         if (l + 1 < c->n_layer)
-            prefetch_layer(m, l + 1);
+            prefetch_layer(m, l + 1, 0);
         else
             ferry_prefetch(m->f, hd, 2);
         if (c->n_expert)
@@ -1165,7 +1168,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
     }
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
-    prefetch_layer(m, 0);
+    prefetch_layer(m, 0, 1);
     for (uint32_t t = 0; t < n && !rc; t++) {
         memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);

@@ -3,7 +3,9 @@
  * output it promises (the generated ids, the --json keys, the --logits file's size), the same
  * tokens and bit-identical logits whatever the placement (resident, home disk under a host
  * budget, lazy, direct reads), the thread count and the prompt batch, and a clear error with the right exit status
- * for every bad input. The numbers themselves are checked against numpy by generate_numpy.py.
+ * for every bad input; for a mixture of experts the routing trace and counts it promises, the
+ * same bits whatever the batch and the placement. The numbers themselves are checked against
+ * numpy by generate_numpy.py.
  */
 #include <string.h>
 #include <sys/stat.h>
@@ -134,5 +136,45 @@ int main(void)
     CHECK(strstr(err_text, "budget") != NULL);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --ctx 100000 --json", model), 0);
     CHECK(strstr(out_text, "\"engine_bytes\": 7") != NULL); /* 76.8 MB and a little */
+
+    /* a mixture of experts: --json counts, --trace-routing one line per evaluated position */
+    char moe[1200], trace[1300];
+    snprintf(moe, sizeof moe, "%s/moe.gguf", tmp);
+    snprintf(trace, sizeof trace, "%s/routing.txt", tmp);
+    CHECK_EQ_INT(run("gen -q -o '%s' --arch moe --experts 4 --experts-used 2 --layers 3 --dim 128 "
+                     "--ff 128 --vocab %d --heads 4 --dtype q8_0", moe, VOCAB), 0);
+    char *t0 = NULL;
+    static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB"};
+    for (size_t i = 0; i < sizeof moe_runs / sizeof moe_runs[0]; i++) {
+        int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --trace-routing '%s' %s", moe,
+                     trace, moe_runs[i]);
+        if (rc != 0)
+            fprintf(stderr, "generate %s: exit %d: %s\n", moe_runs[i], rc, err_text);
+        CHECK_EQ_INT(rc, 0);
+        CHECK(strstr(out_text, "\"routing_predicted_hits\"") != NULL);
+        CHECK(strstr(out_text, "\"routing_predictions\": 28") != NULL); /* 7 rows x 2 layers x 2 */
+        size_t n = 0;
+        char *t = slurp(trace, &n);
+        int lines = 0, ok = t != NULL;
+        for (char *p = t, *nl; ok && p < t + n; p = nl + 1, lines++) {
+            nl = memchr(p, '\n', (size_t)(t + n - p));
+            unsigned a0, b0, a1, b1, a2, b2;
+            ok = nl && sscanf(p, "L0:%u,%u L1:%u,%u L2:%u,%u", &a0, &b0, &a1, &b1, &a2, &b2) == 6 &&
+                 a0 < b0 && b0 < 4 && a1 < b1 && b1 < 4 && a2 < b2 && b2 < 4;
+        }
+        CHECK(ok);
+        CHECK_EQ_INT(lines, 3 + 5 - 1);
+        if (!t0)
+            t0 = t;
+        else {
+            CHECK(t && strcmp(t, t0) == 0); /* the same experts whatever the batch or placement */
+            free(t);
+        }
+    }
+    free(t0);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --trace-routing '%s'", model, trace), 2);
+    CHECK(strstr(err_text, "mixture of experts") != NULL);
+    CHECK_EQ_INT(run("gen -q -o '%s/x.gguf' --experts 4", tmp), 2);
+    CHECK_EQ_INT(run("gen -q -o '%s/x.gguf' --arch moe --experts 4 --experts-used 5", tmp), 2);
     return check_finish();
 }
