@@ -425,6 +425,12 @@ typedef struct ferry_policy {
      * lazy). ferry_tensor_writable then returns 1 for each prepared tensor. Costs the memory and
      * the read that zero-copy saves. */
     int writable;
+    /* Nonzero: the outermost dimension of the group's tensors counts experts (a mixture-of-experts
+     * tensor [n_embd, n_ff, n_expert] in GGUF's order), which the engine brings in one at a time
+     * with ferry_slice. ferry_plan then lists each tensor of 2 or more dims as one placement per
+     * expert (its slices "NAME[E:E+1]"), and ferry_plan_check needs room for one expert staged,
+     * not for the whole tensor. Placement is otherwise unchanged (0: whole tensors). */
+    int experts;
 } ferry_policy;
 
 /* Options at creation. Zero-initialised means defaults. */
@@ -552,6 +558,34 @@ FERRY_API int ferry_group_remove(ferry *f, const char *name);
 FERRY_API ferry_tensor *ferry_find(ferry *f, const char *name);
 /* Description of T (strings valid as long as T). */
 FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *out);
+
+/* A slice: *OUT receives a handle for the rows [FIRST, FIRST + COUNT) of T's outermost dimension
+ * (its last dimension in GGUF's order, ne[ndim-1]; its first in safetensors'): one expert of a
+ * mixture-of-experts tensor [n_embd, n_ff, n_expert], a block of an embedding table. The slice is
+ * a residency unit like any tensor: ferry_prepare, ferry_release, ferry_prefetch,
+ * ferry_tensor_data, ferry_tensor_read and the rest take it, and it has its own copies, its own
+ * place in the budgets, the schedule and eviction, and counts in ferry_get_stats as any tensor.
+ * It reads exactly its own bytes from the file (O_DIRECT with aligned edges, or zero-copy from
+ * the mapping where the policy allows it). Its placement (home, load mode, compute device, lazy,
+ * dtype conversion) is its tensor's group policy, laziness decided on the whole tensor's size;
+ * the slice of a split tensor is one unit on the split's first device. A slice and its tensor
+ * are independent: both may be prepared at the same time, each with its own copy (under home
+ * host each keeps its own home copy, unless zero-copy).
+ *
+ * Its info (ferry_tensor_get_info): T's, with the outermost dimension COUNT, offset and nbytes
+ * those of its bytes in the file, and the name "NAME[FIRST:FIRST+COUNT]". Owned by F, valid until
+ * ferry_destroy or until T's group is removed; the same range of the same tensor always gives the
+ * same handle (a slice of a slice is the slice of T it covers). Thread-safe.
+ *
+ * FERRY_EINVAL: COUNT 0 or the range outside the dimension; T a scalar (a 1-D tensor can be
+ * sliced when its dtype has no blocks: a range of elements); an outermost row that is not whole
+ * blocks of a quantized dtype (every GGUF tensor of 2 or more dims is whole blocks per row); T a
+ * part of a split tensor (ferry_tensor_get_part). Errors of T's placement as ferry_prepare's
+ * (ignored, removed group, unmet expectation). LoRA: a slice takes no merged adapter; preparing
+ * (or making) a slice whose tensor has adapters merged fails with FERRY_EUNSUPPORTED (the lora
+ * mode FERRY_LORA_RUNTIME, where the engine applies the factors, works on slices). */
+FERRY_API int ferry_slice(ferry *f, ferry_tensor *t, uint64_t first, uint64_t count,
+                          ferry_tensor **out);
 
 /* States what the engine expects of tensor NAME: its dtype (FERRY_DTYPE_NONE: any) and shape
  * (NULL/0 dims: any), in the file's own order. Checked by ferry_validate and at prepare. */
@@ -895,7 +929,8 @@ typedef struct ferry_plan_totals {
 
 /* Dry run: the placement of every tensor and the byte totals the real load produces, with no
  * allocation and no I/O. OUT (may be NULL) receives one entry per placed tensor (a split tensor
- * gives one entry per part, named "NAME[ROW0:ROW1]"; ignored tensors none), allocated with malloc:
+ * gives one entry per part, named "NAME[ROW0:ROW1]"; a tensor of a group whose policy sets
+ * `experts` one per expert, its slice "NAME[E:E+1]"; ignored tensors none), allocated with malloc:
  * free(*out) when done (strings belong to the manager); *N their number. */
 FERRY_API int ferry_plan(ferry *f, ferry_placement **out, size_t *n, ferry_plan_totals *totals);
 /* Checks the plan against the budgets as a load that prepares every tensor meets them: on each

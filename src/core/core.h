@@ -165,7 +165,15 @@ struct ferry_tensor {
     ferry_tensor *parent;
     uint64_t row_base;
     int dev_override;         /* -1: the policy's compute device */
-    char *own_name;           /* a part's name, owned */
+    char *own_name;           /* a part's or a slice's name, owned */
+
+    /* slices (slice.c): a tensor keeps the slices made of it (SLICES owned, the handles registered
+     * in ferry.all); a slice has PARENT, is_slice, and holds the parent's outermost rows
+     * [slice_first, slice_first + slice_count). It is a unit of its own, never one of parts. */
+    ferry_tensor **slices;
+    size_t n_slices, cap_slices;
+    int is_slice;
+    uint64_t slice_first, slice_count;
 
     /* expectation */
     int has_expect;
@@ -356,6 +364,22 @@ static inline int ferry__tracing(const ferry *f)
 {
     return __atomic_load_n(&f->trace.tr, __ATOMIC_RELAXED) != NULL;
 }
+
+/* The tensor whose binding decides T's: a split part's parent (it binds its parts); T itself
+ * otherwise (a slice binds its parent first). */
+static inline ferry_tensor *ferry__bind_root(ferry_tensor *t)
+{
+    return t->parent && !t->is_slice ? t->parent : t;
+}
+
+/* slice.c */
+/* The slice of T's outermost rows [FIRST, FIRST + COUNT) into *OUT: the one made before, or a
+ * new one registered in ferry.all. FERRY_EINVAL for a range or a row that cannot be cut. Lock
+ * held; no check of T's usability (ferry_slice does that). */
+int ferry__slice_get(ferry *f, ferry_tensor *t, uint64_t first, uint64_t count,
+                     ferry_tensor **out, ferry__err *e);
+/* The number of T's outermost rows (its last GGUF dimension, its first safetensors one). */
+uint64_t ferry__outer_rows(const ferry_tensor *t);
 
 /* policy.c */
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);

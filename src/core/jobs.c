@@ -363,7 +363,7 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
     ferry_tensor *t = f->all[id];
     if (!t->bound) {
         /* unbound since an adapter or rule change: decide before queuing anything */
-        if (ferry__bind(f, t->parent ? t->parent : t, NULL))
+        if (ferry__bind(f, ferry__bind_root(t), NULL))
             return FERRY__PF_SKIP;
     }
     if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||

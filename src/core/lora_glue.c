@@ -85,7 +85,9 @@ static int apply_set_change(ferry *f, ferry__err *e)
     }
     for (size_t i = 0; i < f->n_all; i++) {
         ferry_tensor *t = f->all[i];
-        int had_terms = t->parent ? had[t->parent->id] : had[t->id];
+        /* a slice takes no terms: its parent's say whether the adapter set touches it */
+        int had_terms = t->parent ? had[t->parent->id] || (t->is_slice && t->parent->n_terms)
+                                  : had[t->id];
         if (!had_terms && !t->n_terms)
             continue;
         if (t->refs > 0 || t->comp.state == FERRY__LOADING || t->host.state == FERRY__LOADING) {

@@ -141,6 +141,7 @@ void ferry_destroy(ferry *f)
         ferry__drop_copy(f, t, &t->comp);
         ferry__drop_copy(f, t, &t->host);
         free(t->parts);
+        free(t->slices);
         free(t->own_name);
         free(t->fail_msg);
         free(t);
@@ -630,8 +631,8 @@ int ferry_group_remove(ferry *f, const char *name)
     ferry__fences_reap(f); /* releases whose events have completed count as done */
     /* From here on prepares of its tensors are refused, so none can start while this waits. */
     f->place.groups[g].removing = 1;
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        ferry_tensor *t = f->tensors[i];
+    for (size_t i = 0; i < f->n_all; i++) { /* slices are held on their own */
+        ferry_tensor *t = f->all[i];
         if (t->group == g && t->refs > 0) {
             f->place.groups[g].removing = 0;
             rc = ferry__fail(e, FERRY_EBUSY,

@@ -8,7 +8,7 @@
 
 #include "core/core.h"
 
-/* The placement of one residency unit (a tensor, or one part of a split tensor). */
+/* The placement of one residency unit (a tensor, one part of a split tensor, or a slice). */
 static ferry_placement place(ferry *f, ferry_tensor *t, ferry_plan_totals *tot)
 {
     ferry_placement p;
@@ -87,18 +87,52 @@ static int plan_locked(ferry *f, ferry_placement **pl_out, size_t *n_out, ferry_
                 return rc;
         }
     ferry_placement *pl = NULL;
-    if (pl_out && !(pl = calloc(f->n_all ? f->n_all : 1, sizeof *pl)))
+    size_t cap = f->n_all ? f->n_all : 1;
+    if (pl_out && !(pl = calloc(cap, sizeof *pl)))
         return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     memset(tot, 0, sizeof *tot);
     memset(pk, 0, sizeof *pk);
     size_t n = 0;
-    /* File order; a split tensor's parts in its place. */
+    /* File order; a split tensor's parts, or a sliced one's experts, in its place. */
     for (size_t i = 0; i < f->n_tensors; i++) {
         ferry_tensor *t = f->tensors[i];
         if (t->removed || t->ignored)
             continue;
-        for (int k = 0; k < (t->n_parts ? t->n_parts : 1); k++) {
-            ferry_tensor *u = t->n_parts ? t->parts[k] : t;
+        /* experts: one unit per expert, the slices ferry_slice gives (made here if need be) */
+        uint64_t n_exp = 0;
+        if (ferry__policy_of(f, t)->experts && t->info.ndim >= 2 && !t->n_parts)
+            n_exp = ferry__outer_rows(t);
+        ferry_tensor *sl = NULL;
+        for (uint64_t x = 0; x < n_exp; x++) {
+            int rc = ferry__slice_get(f, t, x, 1, &sl, e);
+            if (!rc)
+                rc = ferry__bind(f, sl, e);
+            if (rc == FERRY_ENOMEM) {
+                free(pl);
+                return rc;
+            }
+            if (rc) { /* rows that cannot be cut: the whole tensor is the unit */
+                ferry__err_clear(e);
+                n_exp = 0;
+            }
+        }
+        if (pl && f->n_all > cap) {
+            /* the slices made above grew ferry.all: every unit listed is one of it */
+            ferry_placement *g = realloc(pl, f->n_all * sizeof *pl);
+            if (!g) {
+                free(pl);
+                return ferry__fail(e, FERRY_ENOMEM, "out of memory");
+            }
+            pl = g;
+            cap = f->n_all;
+        }
+        uint64_t n_units = n_exp ? n_exp : t->n_parts ? (uint64_t)t->n_parts : 1;
+        for (uint64_t k = 0; k < n_units; k++) {
+            ferry_tensor *u = t;
+            if (n_exp)
+                (void)ferry__slice_get(f, t, k, 1, &u, NULL);
+            else if (t->n_parts)
+                u = t->parts[k];
             ferry_placement p = place(f, u, tot);
             int dev = f->devs[u->compute_dev].p.host_accessible ? FERRY__HOST : u->compute_dev;
             if (dev < FERRY_MAX_DEVICES && p.compute_bytes > pk->staged[dev]) {

@@ -237,7 +237,13 @@ int ferry__bind(ferry *f, ferry_tensor *t, ferry__err *e)
         return 0;
     }
     if (t->parent) {
+        /* a slice takes its parent's placement, decided first (a part's parent binds it) */
+        int rc = t->is_slice ? ferry__bind(f, t->parent, e) : 0;
+        if (rc)
+            return rc;
         t->group = t->parent->group;
+        t->ignored = t->parent->ignored;
+        t->optional = t->parent->optional;
     } else {
         t->group = match_group(f, t->info.name);
         t->ignored = matches_any(f->place.ignore, f->place.n_ignore, t->info.name);
@@ -265,7 +271,10 @@ int ferry__rebind_all(ferry *f, int check_only, ferry__err *e)
         ferry_tensor *t = f->tensors[i];
         int g = match_group(f, t->info.name);
         int ign = matches_any(f->place.ignore, f->place.n_ignore, t->info.name);
-        if (t->used && (g != t->group || ign != t->ignored)) {
+        int used = t->used;
+        for (size_t k = 0; k < t->n_slices; k++)
+            used |= t->slices[k]->used;
+        if (used && (g != t->group || ign != t->ignored)) {
             if (check_only)
                 return ferry__fail(e, FERRY_EBUSY,
                                    "tensor '%s' is already loaded in group '%s'; define groups "
@@ -274,10 +283,12 @@ int ferry__rebind_all(ferry *f, int check_only, ferry__err *e)
                                    t->group >= 0 ? f->place.groups[t->group].name : "default");
             continue;
         }
-        if (!check_only && !t->used) {
+        if (!check_only && !used) {
             t->bound = 0;
             for (int k = 0; k < t->n_parts; k++)
                 t->parts[k]->bound = 0;
+            for (size_t k = 0; k < t->n_slices; k++)
+                t->slices[k]->bound = 0;
         }
     }
     return 0;

@@ -28,6 +28,11 @@ int ferry__usable(ferry *f, ferry_tensor *t, ferry__err *e)
     if (t->ignored)
         return ferry__fail(e, FERRY_ENOENT, "tensor '%s' is ignored by policy",
                            t->info.name);
+    if (t->is_slice && t->parent->merge)
+        return ferry__fail(e, FERRY_EUNSUPPORTED,
+                           "slice '%s': its tensor has LoRA adapters merged, which slices do not "
+                           "take (prepare the whole tensor, or use lora mode runtime)",
+                           t->info.name);
     if (t->group >= 0 && f->place.groups[t->group].removing)
         return ferry__fail(e, FERRY_EBUSY, "tensor '%s': its group '%s' is being removed",
                            t->info.name, f->place.groups[t->group].name);
@@ -431,7 +436,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
                 ferry__drop_copy(f, t, &t->comp);
                 t->stale = 0;
                 t->bound = 0;
-                if ((rc = ferry__bind(f, t->parent ? t->parent : t, e)) != 0)
+                if ((rc = ferry__bind(f, ferry__bind_root(t), e)) != 0)
                     break;
                 seen[i] = 0;
             }
