@@ -372,6 +372,33 @@ static void test_errors(void)
     ferry_destroy(f);
 }
 
+/* The slice of a tensor split over two devices is one unit on the split's first device. */
+static void test_split_parent(void)
+{
+    ferry *f = ferry_create(NULL);
+    int d1 = 0, d2 = 0;
+    CHECK_EQ_INT(ferry_add_device(f, "sim:16MiB", &d1), 0);
+    CHECK_EQ_INT(ferry_add_device(f, "sim:16MiB", &d2), 0);
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .n_split = 2,
+                      .split_devices = {d1, d2}};
+    CHECK_EQ_INT(ferry_open(f, g_gguf, NULL), 0);
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    ferry_tensor *t = find(f, "tok.weight"), *s = NULL;
+    CHECK_EQ_INT(ferry_slice(f, t, 10, 6, &s), 0);
+    ferry_tensor *both[2] = {t, s};
+    CHECK_EQ_INT(ferry_prepare(f, both, 2), 0);
+    CHECK_EQ_INT(ferry_tensor_part_count(t), 2);
+    CHECK_EQ_INT(ferry_tensor_part_count(s), 1);
+    ferry_tensor_part part;
+    CHECK_EQ_INT(ferry_tensor_get_part(s, 0, &part), 0);
+    CHECK_EQ_INT(part.device, d1);
+    CHECK_EQ_INT(part.n_rows, 6);
+    CHECK(fixture_same_as_file(f, s));
+    CHECK(fixture_same_as_file(f, t));
+    CHECK_EQ_INT(ferry_release(f, both, 2), 0);
+    ferry_destroy(f);
+}
+
 /* Removing the group: refused while a slice is held; afterwards the slice is dead. */
 static void test_group_remove(void)
 {
@@ -515,6 +542,7 @@ int main(void)
     test_convert();
     test_device_fault();
     test_errors();
+    test_split_parent();
     test_group_remove();
     test_lora_refused();
     test_plan_per_expert();

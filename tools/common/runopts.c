@@ -16,7 +16,9 @@
 #define GROUP_HELP \
     "  --group NAME=GLOB:KEY=VALUE,...  tensors matching GLOB get the placement of the other\n" \
     "                         options with these keys replaced: home=, lazy=, load=,\n" \
-    "                         compute-dtype=, lock=on|off, device=N (0 the cpu, 1 --device);\n" \
+    "                         compute-dtype=, lock=on|off, device=N (0 the cpu, 1 --device),\n" \
+    "                         experts=on|off (the outermost dimension counts experts: plan\n" \
+    "                         lists one unit per expert, each a slice NAME[E:E+1]);\n" \
     "                         repeatable, the first match wins; the other options place\n" \
     "                         every tensor no --group matches. E.g. --home disk\n" \
     "                         --group embd=token_embd.*:lazy=on --group head=output*:home=host\n"
@@ -122,7 +124,7 @@ static int parse_budget(const char *cmd, runopts *r)
     return rc;
 }
 
-/* Sets field KEY of P from VAL: home, load, lazy, compute-dtype, lock. WHERE prefixes messages
+/* Sets field KEY of P from VAL: home, load, lazy, compute-dtype, lock, experts. WHERE prefixes messages
  * ("--home", "--group 'head': home"). Returns 0, CLI_EXIT_USAGE, or 1 when KEY is none of them. */
 static int set_field(const char *cmd, const char *where, const char *key, const char *val,
                      ferry_policy *p)
@@ -168,10 +170,10 @@ static int set_field(const char *cmd, const char *where, const char *key, const 
                                    "f32, f16, bf16, q8_0 and q4_0)", where, val);
         p->convert = 1;
         p->compute_dtype = t;
-    } else if (!strcmp(key, "lock")) {
+    } else if (!strcmp(key, "lock") || !strcmp(key, "experts")) {
         if (strcmp(val, "on") && strcmp(val, "off"))
             return cli_usage_error(cmd, "%s: '%s' is not on or off", where, val);
-        p->lock = !strcmp(val, "on");
+        *(key[0] == 'l' ? &p->lock : &p->experts) = !strcmp(val, "on");
     } else {
         return 1;
     }
@@ -220,7 +222,7 @@ static int parse_group(const char *cmd, const char *arg, const ferry_policy *bas
         int rc = set_field(cmd, where, tok, val, &g->policy);
         if (rc == 1)
             return cli_usage_error(cmd, "--group '%s': unknown key '%s' (home, lazy, load, "
-                                   "device, compute-dtype, lock)", g->name, tok);
+                                   "device, compute-dtype, lock, experts)", g->name, tok);
         if (rc)
             return rc;
     }

@@ -123,7 +123,9 @@ int cmd_plan(int argc, char **argv)
             for (size_t i = 0; done && i < n; i++) {
                 if (done[i])
                     continue;
-                uint64_t hb = 0, cb = 0, cnt = 0;
+                uint64_t hb = 0, cb = 0, cnt = 0, pieces = 0, units = 0;
+                const char *parent = NULL; /* of the last piece counted */
+                size_t parent_len = 0;
                 for (size_t k = i; k < n; k++) {
                     if (done[k] || strcmp(pl[k].group, pl[i].group) || pl[k].home != pl[i].home ||
                         pl[k].compute_device != pl[i].compute_device ||
@@ -132,11 +134,29 @@ int cmd_plan(int argc, char **argv)
                     done[k] = 1;
                     hb += pl[k].home_bytes;
                     cb += pl[k].compute_bytes;
-                    cnt++;
+                    units++;
+                    /* a split part or an expert, "NAME[A:B]", is a piece of tensor NAME; the
+                     * pieces of one tensor are neighbours in the plan */
+                    const char *nm = pl[k].name, *br = strrchr(nm, '[');
+                    size_t len = strlen(nm);
+                    if (br && len && nm[len - 1] == ']') {
+                        size_t plen = (size_t)(br - nm);
+                        if (!parent || plen != parent_len || strncmp(nm, parent, plen))
+                            cnt++;
+                        parent = nm;
+                        parent_len = plen;
+                        pieces++;
+                    } else {
+                        cnt++;
+                    }
                 }
-                char label[64];
-                snprintf(label, sizeof label, "%s (%llu tensors)", pl[i].group,
-                         (unsigned long long)cnt);
+                char label[96];
+                if (pieces)
+                    snprintf(label, sizeof label, "%s (%llu tensors, %llu units)", pl[i].group,
+                             (unsigned long long)cnt, (unsigned long long)units);
+                else
+                    snprintf(label, sizeof label, "%s (%llu tensors)", pl[i].group,
+                             (unsigned long long)cnt);
                 printf("%-40s %-7s %-7d %-5s %-9s %12s %12s\n", label, home_name(pl[i].home),
                        pl[i].compute_device, pl[i].lazy ? "yes" : "no",
                        pl[i].zero_copy ? "yes" : "no", cli_size(hb, b1), cli_size(cb, b2));
