@@ -58,6 +58,8 @@ if lib.ferry_version_number() // 10000 != MAJOR:
 
 #: Whether the library knows ferry_policy.writable / ferry_tensor_writable.
 HAS_WRITABLE = hasattr(lib, "ferry_tensor_writable")
+#: Whether the library knows ferry_policy.experts / ferry_slice.
+HAS_SLICE = hasattr(lib, "ferry_slice")
 
 
 class TensorInfo(Structure):
@@ -93,6 +95,8 @@ _POLICY_FIELDS = [("home", c_int), ("compute_device", c_int), ("load", c_int), (
                   ("split_devices", c_int * MAX_SPLIT), ("split_weights", c_float * MAX_SPLIT)]
 if HAS_WRITABLE:
     _POLICY_FIELDS.append(("writable", c_int))
+    if HAS_SLICE:
+        _POLICY_FIELDS.append(("experts", c_int))
 
 
 class Policy(Structure):
@@ -227,6 +231,9 @@ for _name, (_res, _args) in _FUNCS.items():
 if HAS_WRITABLE:
     lib.ferry_tensor_writable.restype = c_int
     lib.ferry_tensor_writable.argtypes = [P]
+if HAS_SLICE:
+    lib.ferry_slice.restype = c_int
+    lib.ferry_slice.argtypes = [P, P, c_uint64, c_uint64, POINTER(P)]
 
 _libc = ctypes.CDLL(None)
 libc_free = _libc.free

@@ -1,6 +1,7 @@
 """ferry.Manager: the manager of include/ferry.h in Python's idioms."""
 import contextlib
 import ctypes
+import re
 from ctypes import byref, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
 import numpy as np
@@ -13,6 +14,7 @@ L = _lib.lib
 HOMES = {"host": 0, "disk": 1, "device": 2}
 LOADS = {"auto": 0, "mmap": 1, "read": 2, "direct": 3}
 _HOME_NAMES = {v: k for k, v in HOMES.items()}
+_SLICE_NAME = re.compile(r"^(.+)\[([0-9]+):([0-9]+)\]$")
 
 
 def _b(s):
@@ -246,6 +248,16 @@ class Manager:
         h = self._tensors.get(name)
         if h is None:
             h = L.ferry_find(self._p(), _b(name))
+            m = _SLICE_NAME.match(name) if not h and _lib.HAS_SLICE else None
+            if m:
+                # "NAME[FIRST:END]": rows [FIRST, END) of NAME's outermost dimension (ferry_slice)
+                first, end = int(m.group(2)), int(m.group(3))
+                if end <= first:
+                    raise EINVAL("ferry: slice '%s': END must be above FIRST" % name, -1)
+                out = c_void_p()
+                self._check(L.ferry_slice(self._p(), self._handle(m.group(1)), first,
+                                          end - first, byref(out)), "slice '%s'" % name)
+                h = out.value
             if not h:
                 raise ENOENT("ferry: no tensor '%s' (absent or ignored)" % name, -4)
             self._tensors[name] = h
@@ -311,13 +323,16 @@ class Manager:
         self._check(L.ferry_open(self._p(), _b(str(path)), _b(prefix)), str(path))
 
     def group(self, name, pattern, home="host", load="auto", lazy="auto", lazy_threshold=None,
-              compute_device=0, dtype=None, lock=False, split=None, writable=False):
+              compute_device=0, dtype=None, lock=False, split=None, writable=False,
+              experts=False):
         """Defines group NAME for the tensors matching the glob PATTERN (first match wins):
         HOME "host" | "disk" | "device"; LOAD "auto" | "mmap" | "read" | "direct"; LAZY "auto" |
         True | False (LAZY_THRESHOLD: bytes for "auto"); COMPUTE_DEVICE an id or a spec; DTYPE a
         type the staged copy is converted to ("f32", "f16", "q8_0", ...); LOCK mlocks host
         copies; SPLIT a list of devices (or (device, weight) pairs) to split 2-D tensors' rows
-        over; WRITABLE guarantees a private writable host copy (libraries that support it)."""
+        over; WRITABLE guarantees a private writable host copy (libraries that support it);
+        EXPERTS says the outermost dimension counts experts (plan lists one unit per expert:
+        its slices, see ``prepared``)."""
         pol = _lib.Policy()
         if home not in HOMES:
             raise ValueError("ferry: home %r is not one of %s" % (home, ", ".join(HOMES)))
@@ -345,6 +360,10 @@ class Manager:
                 raise EUNSUPPORTED("ferry: %s has no writable policies (ferry_tensor_writable)"
                                    % _lib.path, -22)
             pol.writable = 1
+        if experts:
+            if not _lib.HAS_SLICE:
+                raise EUNSUPPORTED("ferry: %s has no slices (ferry_slice)" % _lib.path, -22)
+            pol.experts = 1
         self._check(L.ferry_group_add(self._p(), _b(name), _b(pattern), byref(pol)),
                     "group '%s'" % name)
         self._static_cache = {}
@@ -478,7 +497,10 @@ class Manager:
         emptied and every tensor released, except that an array still referenced after the
         block (bound to a variable, a loop variable included) holds its own tensor prepared
         until that array dies: it never points at freed memory. Tensors on a device the CPU
-        cannot read come as DeviceTensor."""
+        cannot read come as DeviceTensor. A name "NAME[FIRST:END]" names a slice: the rows
+        [FIRST, END) of tensor NAME's outermost dimension (one expert of a mixture-of-experts
+        tensor), a unit of its own with its own copy (ferry_slice); so in every call that
+        takes names."""
         names = [names] if isinstance(names, str) else list(names)
         arrays = self._prepare_arrays(names)
         ts = Prepared(names, arrays)

@@ -23,6 +23,9 @@ int main(void)
     M(ferry_policy, n_split); M(ferry_policy, split_devices); M(ferry_policy, split_weights);
 #ifdef FERRY_LAYOUT_WRITABLE
     M(ferry_policy, writable);
+#ifdef FERRY_LAYOUT_SLICE
+    M(ferry_policy, experts);
+#endif
 #endif
     END();
     BEGIN(ferry_options); M(ferry_options, io_threads); M(ferry_options, host_budget);
