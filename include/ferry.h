@@ -427,8 +427,8 @@ typedef struct ferry_policy {
     int writable;
     /* Nonzero: the outermost dimension of the group's tensors counts experts (a mixture-of-experts
      * tensor [n_embd, n_ff, n_expert] in GGUF's order), which the engine brings in one at a time
-     * with ferry_slice. ferry_plan then lists each tensor of 2 or more dims as one placement per
-     * expert (its slices "NAME[E:E+1]"), and ferry_plan_check needs room for one expert staged,
+     * with ferry_slice. ferry_plan then lists each unsplit tensor of 2 or more dims as one placement
+     * per expert (its slices "NAME[E:E+1]"), and ferry_plan_check needs room for one expert staged,
      * not for the whole tensor. Placement is otherwise unchanged (0: whole tensors). */
     int experts;
 } ferry_policy;
