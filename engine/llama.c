@@ -9,9 +9,10 @@
  * scale * B.(A.x) is added to the product here, in f32.
  *
  * A mixture-of-experts layer keeps its experts in 3-D tensors (n_expert, rows, cols), expert e
- * the e-th block of rows; the experts a batch routes to are brought in by prepare_experts and
- * let go by release_experts, which today hold the whole tensors (expert_tensor says where
- * expert e's bytes are).
+ * the e-th block of rows, and each expert is a slice of its own (ferry_slice): the experts a
+ * batch routes to are brought in by prepare_experts and let go by release_experts, and the ones
+ * predicted for the next layer are prefetched while this layer computes. Where a tensor cannot be
+ * sliced (an adapter merged into it), the whole tensor is used.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -38,6 +39,8 @@ typedef struct layer_weights {
     ferry_tensor *gate_exps; /* (n_expert, ff, dim)  ffn_gate_exps */
     ferry_tensor *up_exps;   /* (n_expert, ff, dim)  ffn_up_exps */
     ferry_tensor *down_exps; /* (n_expert, dim, ff)  ffn_down_exps */
+    ferry_tensor **exp;      /* (EXP_KINDS, n_expert) expert e of each as a slice (rows, cols);
+                                NULL: the whole tensors */
 } layer_weights;
 /* the most tensors layer_list gives: a mixture-of-experts layer's own (without its experts)
  * and the next layer's router and ffn_norm, which predict_experts reads */
@@ -255,6 +258,8 @@ static ferry_tensor *want(ferry *f, const char *name, uint64_t cols, uint64_t ro
     return want_experts(f, name, cols, rows, 0, err, errlen);
 }
 
+static int slice_experts(llama *m, uint32_t l, char *err, size_t errlen);
+
 static int find_weights(llama *m, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
@@ -304,6 +309,9 @@ static int find_weights(llama *m, char *err, size_t errlen)
         say(err, errlen, "%s", ferry_errmsg(f));
         return rc;
     }
+    for (uint32_t l = 0; l < c->n_layer && c->n_expert; l++)
+        if ((rc = slice_experts(m, l, err, errlen)))
+            return rc;
     ferry_tensor_info ti;
     ferry_tensor_get_info(m->token_embd, &ti);
     m->embd_dtype = ti.dtype;
@@ -406,6 +414,8 @@ void llama_destroy(llama *m)
     if (!m)
         return;
     pool_destroy(m->pool);
+    for (uint32_t l = 0; m->layers && l < m->c.n_layer; l++)
+        free(m->layers[l].exp);
     free(m->layers);
     free(m->x);
     free(m->xb);
@@ -817,29 +827,61 @@ static int ffn_block(llama *m, uint32_t l, char *err, size_t errlen)
 
 /* ---- mixture of experts ---------------------------------------------------------------------- */
 
-/* Where expert E of layer L's tensor KIND is: *T, rows [*FIRST, *FIRST + *ROWS) of it. Today the
- * whole 3-D tensor, expert e its e-th block of rows (n_expert is the outermost dimension). */
+/* Where expert E of layer L's tensor KIND is: *T, rows [*FIRST, *FIRST + *ROWS) of it: its slice,
+ * or expert e's block of rows in the whole 3-D tensor (n_expert is the outermost dimension). */
 static void expert_tensor(llama *m, uint32_t l, int kind, uint32_t e, ferry_tensor **t,
                           uint64_t *first, uint64_t *rows)
 {
     layer_weights *w = &m->layers[l];
-    *t = kind == EXP_GATE ? w->gate_exps : kind == EXP_UP ? w->up_exps : w->down_exps;
     *rows = kind == EXP_DOWN ? m->c.dim : m->c.ff;
+    if (w->exp) {
+        *t = w->exp[(uint64_t)kind * m->c.n_expert + e];
+        *first = 0;
+        return;
+    }
+    *t = kind == EXP_GATE ? w->gate_exps : kind == EXP_UP ? w->up_exps : w->down_exps;
     *first = (uint64_t)e * *rows;
 }
 
 /* The handles to prepare for experts IDS (K of them, ascending) of layer L, into TS; returns how
- * many. Today the three whole tensors, whichever experts are asked for. */
+ * many: three slices an expert, or the three whole tensors. */
 static size_t experts_list(llama *m, uint32_t l, const uint32_t *ids, uint32_t k,
                            ferry_tensor **ts)
 {
-    (void)ids;
-    (void)k;
     layer_weights *w = &m->layers[l];
-    ts[EXP_GATE] = w->gate_exps;
-    ts[EXP_UP] = w->up_exps;
-    ts[EXP_DOWN] = w->down_exps;
-    return EXP_KINDS;
+    if (!w->exp) {
+        ts[EXP_GATE] = w->gate_exps;
+        ts[EXP_UP] = w->up_exps;
+        ts[EXP_DOWN] = w->down_exps;
+        return EXP_KINDS;
+    }
+    size_t n = 0;
+    for (uint32_t i = 0; i < k; i++)
+        for (int kind = 0; kind < EXP_KINDS; kind++)
+            ts[n++] = w->exp[(uint64_t)kind * m->c.n_expert + ids[i]];
+    return n;
+}
+
+/* Makes layer L's experts slices of their own (w->exp); leaves the whole tensors when a tensor
+ * cannot be sliced. */
+static int slice_experts(llama *m, uint32_t l, char *err, size_t errlen)
+{
+    layer_weights *w = &m->layers[l];
+    uint32_t ne = m->c.n_expert;
+    ferry_tensor **exp = malloc((size_t)EXP_KINDS * ne * sizeof *exp);
+    if (!exp) {
+        say(err, errlen, "out of memory for the expert slices");
+        return FERRY_ENOMEM;
+    }
+    ferry_tensor *whole[EXP_KINDS] = {w->gate_exps, w->up_exps, w->down_exps};
+    for (int kind = 0; kind < EXP_KINDS; kind++)
+        for (uint32_t e = 0; e < ne; e++)
+            if (ferry_slice(m->f, whole[kind], e, 1, &exp[(uint64_t)kind * ne + e]) != 0) {
+                free(exp);
+                return 0;
+            }
+    w->exp = exp;
+    return 0;
 }
 
 /* Brings in experts IDS (K, ascending) of layer L: their weights stay valid until
@@ -1028,17 +1070,14 @@ static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
     return n;
 }
 
-/* Reads ahead what layer L computes with, and with EXPERTS its experts (all of them). */
-static void prefetch_layer(llama *m, uint32_t l, int experts)
+/* Reads ahead what layer L computes with, and its experts IDS (K of them, ascending). */
+static void prefetch_layer(llama *m, uint32_t l, const uint32_t *ids, uint32_t k)
 {
     ferry_tensor *ts[LAYER_TENSORS];
     ferry_prefetch(m->f, ts, layer_list(m, l, ts));
-    if (experts && m->c.n_expert) {
-        uint32_t all[LLAMA_MAX_EXPERTS];
+    if (k && m->c.n_expert) {
         ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
-        for (uint32_t e = 0; e < m->c.n_expert; e++)
-            all[e] = e;
-        ferry_prefetch(m->f, ex, experts_list(m, l, all, m->c.n_expert, ex));
+        ferry_prefetch(m->f, ex, experts_list(m, l, ids, k, ex));
     }
 }
 
@@ -1100,9 +1139,18 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
             ids[k++] = e;
     if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
         return rc;
-    /* the next layer's experts are read while these compute, not before they are held */
-    if (l + 1 < c->n_layer)
-        prefetch_layer(m, l + 1, 1);
+    /* the experts predicted for the next layer are read while these compute, not before these
+     * are held */
+    if (l + 1 < c->n_layer) {
+        uint8_t want[LLAMA_MAX_EXPERTS] = {0};
+        for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
+            want[m->pred[i]] = 1;
+        uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            if (want[e])
+                next[kn++] = e;
+        prefetch_layer(m, l + 1, next, kn);
+    }
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
@@ -1148,7 +1196,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
             return rc;
         /* while this layer computes, the next one (or the head) is read */
         if (l + 1 < c->n_layer)
-            prefetch_layer(m, l + 1, 0);
+            prefetch_layer(m, l + 1, NULL, 0);
         else
             ferry_prefetch(m->f, hd, 2);
         if (c->n_expert)
@@ -1168,7 +1216,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
     }
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
-    prefetch_layer(m, 0, 1);
+    prefetch_layer(m, 0, NULL, 0);
     for (uint32_t t = 0; t < n && !rc; t++) {
         memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);
