@@ -980,6 +980,59 @@ FERRY_API int ferry_trace_stop(ferry *f);
 FERRY_API double ferry_now(void);
 
 /* ---------------------------------------------------------------------------------------------
+ * Expert cache simulation: ferry's eviction policies for units whose use depends on the data (the
+ * experts of mixture-of-experts layers, chosen per token by a router), replayed over a sequence of
+ * uses without files or devices, to compare them and size a budget. A unit is an id with a size in
+ * bytes and a group (its layer); the cache holds at most CAPACITY bytes of units.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum ferry_cache_policy {
+    FERRY_CACHE_FERRY = 0, /* the policy ferry uses for experts: LFU-DA keeping, per group, at
+                            * least as many units as the most one use has passed (FLOOR_PER_GROUP
+                            * 0) or FLOOR_PER_GROUP */
+    FERRY_CACHE_LRU,       /* least recently used first */
+    FERRY_CACHE_LFU,       /* least frequently used first, with dynamic aging (LFU-DA) */
+    FERRY_CACHE_LRFU,      /* lowest combined recency and frequency first (LRFU) */
+    FERRY_CACHE_POLICY_COUNT
+} ferry_cache_policy;
+
+/* The name of POLICY ("ferry", "lru", "lfu", "lrfu"; "?" when out of range). Never NULL. */
+FERRY_API const char *ferry_cache_policy_name(ferry_cache_policy policy);
+
+typedef struct ferry_cache_sim ferry_cache_sim;
+
+typedef struct ferry_cache_sim_stats {
+    uint64_t uses;        /* units used (ids passed to ferry_cache_sim_use) */
+    uint64_t hits;        /* of those, already resident */
+    uint64_t bytes_read;  /* bytes of the units read in (the misses) */
+    uint64_t evictions;
+    uint64_t resident_bytes;
+} ferry_cache_sim_stats;
+
+/* Creates a cache of CAPACITY bytes over N units, unit i of BYTES[i] bytes in group GROUP[i]
+ * (< N_GROUPS; GROUP NULL: one group), evicting by POLICY. FLOOR_PER_GROUP units of a group are
+ * kept while another group holds more (0: none). The arrays are copied. Returns 0 with *OUT set
+ * (free it with ferry_cache_sim_destroy), FERRY_EINVAL for a bad argument, or FERRY_ENOMEM. */
+FERRY_API int ferry_cache_sim_create(ferry_cache_sim **out, ferry_cache_policy policy, size_t n,
+                                     const uint64_t *bytes, const uint32_t *group,
+                                     size_t n_groups, uint64_t capacity,
+                                     uint32_t floor_per_group);
+/* Uses the N units IDS together (one layer's chosen experts for one token: all resident at
+ * once): each absent one is read in, evicting others by the policy, never one of IDS; an id
+ * repeated in IDS is used once. Returns 0; FERRY_EINVAL for an id out of range, or FERRY_EBUDGET
+ * when IDS together do not fit in the capacity (nothing is used then), with ferry_cache_sim_errmsg
+ * naming the id or the bytes. */
+FERRY_API int ferry_cache_sim_use(ferry_cache_sim *s, const uint32_t *ids, size_t n);
+/* The counters since creation into *OUT. */
+FERRY_API void ferry_cache_sim_get_stats(const ferry_cache_sim *s, ferry_cache_sim_stats *out);
+/* Whether unit ID is resident (0 for an id out of range). */
+FERRY_API int ferry_cache_sim_resident(const ferry_cache_sim *s, uint32_t id);
+/* The message of the last failed call on S ("" when none); valid until the next call on S. */
+FERRY_API const char *ferry_cache_sim_errmsg(const ferry_cache_sim *s);
+/* Frees S; NULL is a no-op. */
+FERRY_API void ferry_cache_sim_destroy(ferry_cache_sim *s);
+
+/* ---------------------------------------------------------------------------------------------
  * Fault seams for tests (as SQLite's): the system calls of file reading and ferry's own
  * allocations can be made to fail, to check that each failure is reported clearly and leaves the
  * manager usable. Process-wide; not for production use.

@@ -67,3 +67,76 @@ ferry__evictor ferry__evict_cyclic(const ferry__sched *s)
 {
     return (ferry__evictor){.ops = &cyclic_ops, .state = (void *)s};
 }
+
+void ferry__evict_used(const ferry__evictor *e, uint32_t id, uint64_t bytes, int loaded)
+{
+    if (e->ops->version >= 2 && e->ops->used)
+        e->ops->used(e->state, id, bytes, loaded);
+}
+
+void ferry__evict_evicted(const ferry__evictor *e, uint32_t id, uint64_t bytes)
+{
+    if (e->ops->version >= 2 && e->ops->evicted)
+        e->ops->evicted(e->state, id, bytes);
+}
+
+void ferry__evict_loading(const ferry__evictor *e, uint32_t id)
+{
+    if (e->ops->version >= 2 && e->ops->loading)
+        e->ops->loading(e->state, id);
+}
+
+/* ---- one budget, two kinds ------------------------------------------------------------------ */
+
+/* The candidates of another kind whose eviction leaves it at or above its floor. */
+typedef struct floor_iter {
+    const ferry__evict_kind *k;
+} floor_iter;
+
+static int floor_next(void *ctx, ferry__evict_cand *c)
+{
+    floor_iter *it = ctx;
+    uint64_t spare = it->k->used > it->k->floor ? it->k->used - it->k->floor : 0;
+    while (it->k->next(it->k->ctx, c))
+        if (c->bytes <= spare)
+            return 1;
+    return 0;
+}
+
+/* Signed bytes over the share, as a comparison key (used and share are below 2^63). */
+static int64_t over_share(const ferry__evict_kind *k)
+{
+    return (int64_t)k->used - (int64_t)k->share;
+}
+
+uint32_t ferry__evict_share_pick(const ferry__evict_kind *k, size_t n, size_t loading,
+                                 uint64_t min_dist, size_t *from)
+{
+    int tried[8] = {0};
+    if (n > 8)
+        n = 8;
+    for (size_t round = 0; round < n; round++) {
+        size_t best = n;
+        for (size_t i = 0; i < n; i++) {
+            if (tried[i])
+                continue;
+            if (best == n || over_share(&k[i]) > over_share(&k[best]) ||
+                (over_share(&k[i]) == over_share(&k[best]) && i == loading))
+                best = i;
+        }
+        tried[best] = 1;
+        uint32_t v;
+        if (best == loading) {
+            v = ferry__evict_pick(&k[best].policy, k[best].next, k[best].ctx, min_dist);
+        } else {
+            floor_iter it = {.k = &k[best]};
+            v = ferry__evict_pick(&k[best].policy, floor_next, &it, min_dist);
+        }
+        if (v != FERRY__SCHED_NONE) {
+            if (from)
+                *from = best;
+            return v;
+        }
+    }
+    return FERRY__SCHED_NONE;
+}

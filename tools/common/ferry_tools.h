@@ -3,7 +3,8 @@
  * the ferry tool, the tests and bench/ share: option parsing, errors, JSON output and progress
  * (cli.h), the placement options (runopts.h), layer sets (layers.h), synthetic models and
  * adapters (synth.h, gen_lora.h), the machine-limit probes (limits.h), the measuring protocol of
- * `ferry bench` (benchlab.h), the measurements of `ferry demo` (demolab.h), the workload of
+ * `ferry bench` (benchlab.h), the measurements of `ferry demo` (demolab.h), the expert-policy
+ * replay of `ferry bench --moe` (moelab.h), the workload of
  * `ferry run` and its --verify check (workload.h, verify.h), and the merged-model writer and
  * adapter scan of `ferry lora` (lora_merge.h, lora_scan.h). Like the tool it sees only ferry.h;
  * it is not installed. The commands themselves are tools/ferry/.
@@ -19,6 +20,7 @@
 #include "limits.h"
 #include "lora_merge.h"
 #include "lora_scan.h"
+#include "moelab.h"
 #include "runopts.h"
 #include "synth.h"
 #include "verify.h"

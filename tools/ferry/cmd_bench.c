@@ -3,12 +3,239 @@
  * the machine's own limit measured in the same run, with the ratio. The protocol (what is
  * measured, in which order, and the bounds the streams are judged against) is benchlab.c's;
  * this file parses the options and prints the figures as a table or one JSON object.
+ * `ferry bench --moe` replays routing traces through the expert policies (moelab.c).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "benchlab.h"
 #include "commands.h"
+#include "moelab.h"
+
+/* ---- ferry bench --moe -------------------------------------------------------------------- */
+
+static const char *moe_col_name(int c)
+{
+    return c == MOELAB_BELADY ? "belady" : ferry_cache_policy_name((ferry_cache_policy)c);
+}
+
+static void moe_text(const moelab *m)
+{
+    const moelab_trace *t = &m->trace;
+    char s1[32], s2[32];
+    printf("ferry bench --moe: %s, %zu tokens, %u layers x %u experts, up to %u used per layer "
+           "and token; %s of experts (%s each%s)\n",
+           m->trace_path ? m->trace_path : "synthetic trace", t->tokens, t->layers, t->experts,
+           t->used, cli_size(m->total_bytes, s1),
+           cli_size(m->total_bytes / ((uint64_t)t->layers * t->experts), s2),
+           m->sizes_differ ? " on average" : "");
+    printf("ferry: LFU with dynamic aging, keeping per layer the experts one token uses; "
+           "belady: furthest next use%s\n\n",
+           m->sizes_differ ? " (sizes differ: an approximation of the optimum)" : " (the optimum)");
+    printf("  %-8s %-10s %-8s %9s %9s %14s %9s\n", "cache", "bytes", "policy", "hit rate",
+           "/ belady", "bytes/token", "/ belady");
+    for (size_t i = 0; i < m->n_sizes; i++) {
+        const moelab_size *z = &m->sizes[i];
+        const moelab_result *b = &z->r[MOELAB_BELADY];
+        for (int c = 0; c < MOELAB_N_COLS; c++) {
+            const moelab_result *r = &z->r[c];
+            char slots[24];
+            snprintf(slots, sizeof slots, "%llu", (unsigned long long)z->slots);
+            printf("  %-8s %-10s %-8s %9.4f %9.3f %14.0f %9.3f\n", c ? "" : slots,
+                   c ? "" : cli_size(z->capacity, s1), moe_col_name(c), r->hit_rate,
+                   b->hit_rate > 0 ? r->hit_rate / b->hit_rate : 0, r->bytes_per_token,
+                   b->bytes_per_token > 0 ? r->bytes_per_token / b->bytes_per_token : 0);
+        }
+    }
+}
+
+static void moe_json(const moelab *m)
+{
+    const moelab_trace *t = &m->trace;
+    cli_json j;
+    cli_json_init(&j, stdout);
+    cli_json_begin_object(&j, 0);
+    cli_json_key(&j, "trace");
+    if (m->trace_path)
+        cli_json_string(&j, m->trace_path);
+    else
+        cli_json_null(&j);
+    cli_json_key(&j, "tokens");
+    cli_json_u64(&j, t->tokens);
+    cli_json_key(&j, "layers");
+    cli_json_u64(&j, t->layers);
+    cli_json_key(&j, "experts");
+    cli_json_u64(&j, t->experts);
+    cli_json_key(&j, "experts_used");
+    cli_json_u64(&j, t->used);
+    cli_json_key(&j, "expert_bytes_total");
+    cli_json_u64(&j, m->total_bytes);
+    cli_json_key(&j, "belady_exact");
+    cli_json_bool(&j, !m->sizes_differ);
+    cli_json_key(&j, "caches");
+    cli_json_begin_array(&j, 0);
+    for (size_t i = 0; i < m->n_sizes; i++) {
+        const moelab_size *z = &m->sizes[i];
+        cli_json_begin_object(&j, 0);
+        cli_json_key(&j, "experts");
+        cli_json_u64(&j, z->slots);
+        cli_json_key(&j, "bytes");
+        cli_json_u64(&j, z->capacity);
+        for (int c = 0; c < MOELAB_N_COLS; c++) {
+            const moelab_result *r = &z->r[c];
+            cli_json_key(&j, moe_col_name(c));
+            cli_json_begin_object(&j, 1);
+            cli_json_key(&j, "uses");
+            cli_json_u64(&j, r->uses);
+            cli_json_key(&j, "hits");
+            cli_json_u64(&j, r->hits);
+            cli_json_key(&j, "bytes_read");
+            cli_json_u64(&j, r->bytes_read);
+            cli_json_key(&j, "hit_rate");
+            cli_json_f64(&j, r->hit_rate);
+            cli_json_key(&j, "bytes_per_token");
+            cli_json_f64(&j, r->bytes_per_token);
+            cli_json_end_object(&j);
+        }
+        cli_json_end_object(&j);
+    }
+    cli_json_end_array(&j);
+    cli_json_end_object(&j);
+    cli_json_finish(&j);
+}
+
+/* A number in [LO, HI] from --OPT's value S into *OUT: 0, or CLI_EXIT_USAGE. */
+static int moe_arg_f64(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi))
+        return cli_usage_error("bench", "--%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int bench_moe(int argc, char **argv)
+{
+    static const char *help =
+        "usage: ferry bench --moe [--trace FILE | synthetic options] [options]\n"
+        "\n"
+        "Replays a routing trace of mixture-of-experts layers through ferry's expert eviction\n"
+        "policy, LRU, LFU (with dynamic aging) and LRFU, beside the offline optimum (Belady's\n"
+        "furthest next use; an approximation when experts differ in size), at caches of 1/8, 1/4\n"
+        "and 1/2 of the experts: hit rate and bytes read per token. A simulation over expert ids\n"
+        "and bytes: nothing is read, nothing timed.\n"
+        "\n"
+        "The trace file has one line per token; on it, per layer, a field L<layer>:<e>,<e>,...\n"
+        "(the experts its router chose), fields separated by spaces; '#' starts a comment line.\n"
+        "`ferry generate --trace-routing FILE` writes one.\n"
+        "\n"
+        "options:\n"
+        "  --trace FILE           the trace (default: a synthetic one)\n"
+        "  --experts N            experts per layer (synthetic: 64; a file: its largest id + 1)\n"
+        "  --experts-used K       synthetic: experts each layer uses per token (default 2)\n"
+        "  --layers L             synthetic: MoE layers (default 8)\n"
+        "  --tokens T             synthetic: tokens (default 4000)\n"
+        "  --zipf S               synthetic: Zipf exponent of expert popularity (default 1.0)\n"
+        "  --locality P           synthetic: probability that a token keeps the previous\n"
+        "                         token's expert in a slot (default 0.5)\n"
+        "  --seed N               synthetic: random seed (default 1)\n"
+        "  --expert-bytes SIZE    bytes of one expert (default 1MiB)\n"
+        "  --model FILE           expert sizes from FILE's tensors (*_exps*, .experts.<n>.)\n"
+        "  --cache N              also a cache of N experts\n"
+        "  --json                 one JSON object on stdout\n";
+    const char *trace = NULL, *experts = NULL, *used = NULL, *layers = NULL, *tokens = NULL,
+               *zipf = NULL, *locality = NULL, *seed = NULL, *ebytes = NULL, *model = NULL,
+               *cache = NULL;
+    int json = 0, moe = 0;
+    cli_opt opts[] = {
+        {"moe", 0, CLI_OPT_FLAG, &moe},
+        {"trace", 0, CLI_OPT_STRING, &trace},
+        {"experts", 0, CLI_OPT_STRING, &experts},
+        {"experts-used", 0, CLI_OPT_STRING, &used},
+        {"layers", 0, CLI_OPT_STRING, &layers},
+        {"tokens", 0, CLI_OPT_STRING, &tokens},
+        {"zipf", 0, CLI_OPT_STRING, &zipf},
+        {"locality", 0, CLI_OPT_STRING, &locality},
+        {"seed", 0, CLI_OPT_STRING, &seed},
+        {"expert-bytes", 0, CLI_OPT_STRING, &ebytes},
+        {"model", 0, CLI_OPT_STRING, &model},
+        {"cache", 0, CLI_OPT_STRING, &cache},
+        {"json", 0, CLI_OPT_FLAG, &json},
+    };
+    int npos = 0;
+    int prc = cli_parse("bench", argc, argv, opts, sizeof opts / sizeof opts[0], &npos);
+    if (prc == CLI_HELP) {
+        printf("%s", help);
+        return CLI_EXIT_OK;
+    }
+    if (prc)
+        return prc;
+    if (npos > 0)
+        return cli_usage_error("bench", "--moe takes no model file ('%s'; --model FILE gives "
+                               "expert sizes)", argv[1]);
+    if (trace && (used || layers || tokens || zipf || locality || seed))
+        return cli_usage_error("bench", "--trace FILE and the synthetic options (--layers, "
+                               "--experts-used, --tokens, --zipf, --locality, --seed) exclude "
+                               "each other");
+    if (model && ebytes)
+        return cli_usage_error("bench", "--model and --expert-bytes exclude each other");
+    static moelab m;
+    memset(&m, 0, sizeof m);
+    m.trace_path = trace;
+    m.model = model;
+    m.zipf = m.locality = -1;
+    uint64_t v;
+    if (experts) {
+        if (cli_arg_u64("bench", "experts", experts, 1, MOELAB_MAX_EXPERTS, &v))
+            return CLI_EXIT_USAGE;
+        m.experts = (uint32_t)v;
+    }
+    if (used) {
+        if (cli_arg_u64("bench", "experts-used", used, 1, MOELAB_MAX_EXPERTS, &v))
+            return CLI_EXIT_USAGE;
+        m.used = (uint32_t)v;
+    }
+    if (layers) {
+        if (cli_arg_u64("bench", "layers", layers, 1, MOELAB_MAX_LAYERS, &v))
+            return CLI_EXIT_USAGE;
+        m.layers = (uint32_t)v;
+    }
+    if (tokens) {
+        if (cli_arg_u64("bench", "tokens", tokens, 1, 100000000, &v))
+            return CLI_EXIT_USAGE;
+        m.tokens = (size_t)v;
+    }
+    if (seed && cli_arg_u64("bench", "seed", seed, 1, UINT64_MAX, &m.seed))
+        return CLI_EXIT_USAGE;
+    if (zipf && moe_arg_f64("zipf", zipf, 0, 10, &m.zipf))
+        return CLI_EXIT_USAGE;
+    if (locality && moe_arg_f64("locality", locality, 0, 1, &m.locality))
+        return CLI_EXIT_USAGE;
+    if (ebytes) {
+        if (cli_arg_size("bench", "expert-bytes", ebytes, &m.expert_bytes))
+            return CLI_EXIT_USAGE;
+        if (m.expert_bytes == 0 || m.expert_bytes > (1ull << 40))
+            return cli_usage_error("bench", "--expert-bytes: '%s' is not in [1 B, 1 TiB]", ebytes);
+    }
+    if (cache && cli_arg_u64("bench", "cache", cache, 1, UINT32_MAX, &m.cache_slots))
+        return CLI_EXIT_USAGE;
+    if ((uint64_t)(m.layers ? m.layers : 8) * (m.experts ? m.experts : 64) >= (1u << 24))
+        return cli_usage_error("bench", "--layers x --experts: too many experts to simulate");
+    int rc = moelab_run(&m);
+    if (!rc) {
+        if (m.cache_slots && m.cache_slots > (uint64_t)m.trace.layers * m.trace.experts)
+            fprintf(stderr, "ferry bench: --cache %llu holds every expert\n",
+                    (unsigned long long)m.cache_slots);
+        if (json)
+            moe_json(&m);
+        else
+            moe_text(&m);
+    }
+    moelab_free(&m);
+    return rc;
+}
 
 /* ---- report ------------------------------------------------------------------------------ */
 
@@ -283,6 +510,8 @@ int cmd_bench(int argc, char **argv)
 {
     static const char *help =
         "usage: ferry bench FILE [options]\n"
+        "       ferry bench --moe [options]  (expert eviction policies on routing traces:\n"
+        "                                     ferry bench --moe --help)\n"
         "\n"
         "Measures how fast ferry loads and streams FILE against this machine's own limits,\n"
         "measured in the same run, alternating limit and ferry runs: O_DIRECT and cold buffered\n"
@@ -317,6 +546,9 @@ int cmd_bench(int argc, char **argv)
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
         {"split", 0, CLI_OPT_STRING, &split},
     };
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (strcmp(argv[i], "--moe") == 0)
+            return bench_moe(argc, argv);
     static benchlab b; /* large: the samples */
     memset(&b, 0, sizeof b);
     b.groups.cmd = "bench";

@@ -1,0 +1,168 @@
+/*
+ * evict_moe.c — eviction policies for units whose use depends on the data (a MoE layer's experts,
+ * chosen per token by the router): LRU, LFU with dynamic aging, and LRFU (see evict.h). Each
+ * keeps per id only the clock of its last use, a use count and one value; all speak ids and bytes only.
+ *
+ * LRFU keeps log2 of the combined recency-frequency at the last use, on its group's clock: the
+ * value now is 2^(log2crf - LAMBDA (group clock - last)), computed when the unit is a candidate,
+ * so no use touches any other unit.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/evict.h"
+
+static const char *const kind_names[FERRY__MOE_COUNT] = {"lru", "lfu", "lrfu"};
+
+const char *ferry__moe_kind_name(ferry__moe_kind kind)
+{
+    return (unsigned)kind < FERRY__MOE_COUNT ? kind_names[kind] : "?";
+}
+
+int ferry__moe_policy_init(ferry__moe_policy *p, ferry__moe_kind kind, size_t n,
+                           const uint32_t *group, size_t n_groups, uint32_t floor, double lambda)
+{
+    memset(p, 0, sizeof *p);
+    if ((unsigned)kind >= FERRY__MOE_COUNT || !(lambda >= 0) || lambda > 1)
+        return -1;
+    if (!group || n_groups == 0)
+        n_groups = 1;
+    for (size_t i = 0; group && i < n; i++)
+        if (group[i] >= n_groups)
+            return -1;
+    p->kind = kind;
+    p->n = n;
+    p->n_groups = n_groups;
+    p->group = group;
+    p->floor = floor;
+    p->lambda = lambda > 0 ? lambda : FERRY__MOE_LAMBDA;
+    p->in_group = calloc(n_groups, sizeof *p->in_group);
+    p->last = calloc(n ? n : 1, sizeof *p->last);
+    p->value = calloc(n ? n : 1, sizeof *p->value);
+    p->uses = calloc(n ? n : 1, sizeof *p->uses);
+    p->group_clock = calloc(n_groups, sizeof *p->group_clock);
+    p->group_last = calloc(n ? n : 1, sizeof *p->group_last);
+    p->loading_group = UINT32_MAX;
+    if (!p->in_group || !p->last || !p->value || !p->uses || !p->group_clock ||
+        !p->group_last) {
+        ferry__moe_policy_free(p);
+        return -1;
+    }
+    return 0;
+}
+
+void ferry__moe_policy_free(ferry__moe_policy *p)
+{
+    free(p->in_group);
+    free(p->last);
+    free(p->value);
+    free(p->uses);
+    free(p->group_clock);
+    free(p->group_last);
+    memset(p, 0, sizeof *p);
+}
+
+static uint32_t group_of(const ferry__moe_policy *p, uint32_t id)
+{
+    return p->group ? p->group[id] : 0;
+}
+
+/* The value eviction compares (lowest goes first), at any clock. */
+static double key_of(const ferry__moe_policy *p, uint32_t id)
+{
+    switch (p->kind) {
+    case FERRY__MOE_LFU:
+        return p->value[id];
+    case FERRY__MOE_LRFU:
+        return p->value[id] -
+               p->lambda * (double)(p->group_clock[group_of(p, id)] - p->group_last[id]);
+    default:
+        return (double)p->last[id];
+    }
+}
+
+/* A double mapped to 63 bits that sort as the doubles do (finite values). */
+static uint64_t sortable(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    u = (u >> 63) ? ~u : u | (1ull << 63);
+    return u >> 1;
+}
+
+static int moe_order(void *state, const ferry__evict_cand *c, uint64_t min_dist, uint64_t *order)
+{
+    (void)min_dist;
+    ferry__moe_policy *p = state;
+    if (c->id >= p->n)
+        return 0;
+    uint32_t g = group_of(p, c->id);
+    uint64_t band = g == p->loading_group || p->in_group[g] > p->floor ? 1ull << 63 : 0;
+    /* lowest key first: invert; of equal keys ferry__evict_pick takes the lowest id */
+    *order = band | ((~sortable(key_of(p, c->id))) & ((1ull << 63) - 1));
+    return 1;
+}
+
+static void moe_used(void *state, uint32_t id, uint64_t bytes, int loaded)
+{
+    (void)bytes;
+    ferry__moe_policy *p = state;
+    if (id >= p->n)
+        return;
+    uint32_t g = group_of(p, id);
+    uint64_t now = ++p->clock, gnow = ++p->group_clock[g];
+    if (loaded)
+        p->in_group[g]++;
+    p->loading_group = UINT32_MAX;
+    switch (p->kind) {
+    case FERRY__MOE_LFU:
+        /* the count outlives an eviction: a popular expert read back in is known again */
+        p->uses[id]++;
+        p->value[id] = p->age + (double)p->uses[id];
+        break;
+    case FERRY__MOE_LRFU:
+        if (p->last[id] == 0) {
+            p->value[id] = 0; /* log2(1) */
+        } else {
+            double decayed = p->value[id] - p->lambda * (double)(gnow - p->group_last[id]);
+            p->value[id] = log2(exp2(decayed) + 1);
+        }
+        break;
+    default:
+        break;
+    }
+    p->last[id] = now;
+    p->group_last[id] = gnow;
+}
+
+static void moe_loading(void *state, uint32_t id)
+{
+    ferry__moe_policy *p = state;
+    p->loading_group = id < p->n ? group_of(p, id) : UINT32_MAX;
+}
+
+static void moe_evicted(void *state, uint32_t id, uint64_t bytes)
+{
+    (void)bytes;
+    ferry__moe_policy *p = state;
+    if (id >= p->n)
+        return;
+    uint32_t g = group_of(p, id);
+    if (p->in_group[g])
+        p->in_group[g]--;
+    if (p->kind == FERRY__MOE_LFU)
+        p->age = p->value[id];
+}
+
+static const ferry__evict_ops moe_ops = {.version = 2,
+                                         .name = "moe",
+                                         .order = moe_order,
+                                         .used = moe_used,
+                                         .evicted = moe_evicted,
+                                         .loading = moe_loading};
+
+ferry__evictor ferry__evict_moe(ferry__moe_policy *p)
+{
+    return (ferry__evictor){.ops = &moe_ops, .state = p};
+}
