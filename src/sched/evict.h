@@ -100,6 +100,7 @@ typedef struct ferry__moe_policy {
     const uint32_t *group;   /* per id, < n_groups (the caller's, valid while the policy is) */
     uint32_t floor;          /* units of a group kept while any group holds more than this */
     uint32_t *in_group;      /* per group: units resident (loads minus evictions) */
+    uint64_t resident;       /* their sum */
     uint64_t *group_clock;   /* per group: uses of its units */
     uint64_t clock;          /* uses of any unit */
     uint64_t *last;          /* per id: clock of its last use (0: never) */
@@ -121,8 +122,10 @@ void ferry__moe_policy_free(ferry__moe_policy *p);
 const char *ferry__moe_kind_name(ferry__moe_kind kind);
 
 /* The evictor over P (a version 2 table: the caller reports uses, evictions and loads). Order:
- * first the units of the loading unit's group and of groups holding more than P's floor, then
- * the others (a group at its floor gives up units only when no group above it has one left);
+ * first the units of the loading unit's group and of groups holding more than the floor, then
+ * the others (a group at its floor gives up units only when no group above it has one left).
+ * The floor is P's, or the resident units / groups when that is less (a cache too small to give
+ * every group its floor gives each an even part of it);
  * within each, by the kind's value (lowest first; of equal values, the lowest id). MIN_DIST is
  * ignored: the future use of an expert is not known. */
 ferry__evictor ferry__evict_moe(ferry__moe_policy *p);

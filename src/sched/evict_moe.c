@@ -98,7 +98,9 @@ static int moe_order(void *state, const ferry__evict_cand *c, uint64_t min_dist,
     if (c->id >= p->n)
         return 0;
     uint32_t g = group_of(p, c->id);
-    uint64_t band = g == p->loading_group || p->in_group[g] > p->floor ? 1ull << 63 : 0;
+    /* a floor the cache cannot give every group shrinks to the share it can */
+    uint64_t floor = p->resident / p->n_groups < p->floor ? p->resident / p->n_groups : p->floor;
+    uint64_t band = g == p->loading_group || p->in_group[g] > floor ? 1ull << 63 : 0;
     /* lowest key first: invert; of equal keys ferry__evict_pick takes the lowest id */
     *order = band | ((~sortable(key_of(p, c->id))) & ((1ull << 63) - 1));
     return 1;
@@ -112,8 +114,10 @@ static void moe_used(void *state, uint32_t id, uint64_t bytes, int loaded)
         return;
     uint32_t g = group_of(p, id);
     uint64_t now = ++p->clock, gnow = ++p->group_clock[g];
-    if (loaded)
+    if (loaded) {
         p->in_group[g]++;
+        p->resident++;
+    }
     p->loading_group = UINT32_MAX;
     switch (p->kind) {
     case FERRY__MOE_LFU:
@@ -149,8 +153,10 @@ static void moe_evicted(void *state, uint32_t id, uint64_t bytes)
     if (id >= p->n)
         return;
     uint32_t g = group_of(p, id);
-    if (p->in_group[g])
+    if (p->in_group[g]) {
         p->in_group[g]--;
+        p->resident--;
+    }
     if (p->kind == FERRY__MOE_LFU)
         p->age = p->value[id];
 }
