@@ -987,9 +987,10 @@ FERRY_API double ferry_now(void);
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum ferry_cache_policy {
-    FERRY_CACHE_FERRY = 0, /* the policy ferry uses for experts: LFU-DA keeping, per group, at
-                            * least as many units as the most one use has passed (FLOOR_PER_GROUP
-                            * 0) or FLOOR_PER_GROUP */
+    FERRY_CACHE_FERRY = 0, /* the policy ferry uses for experts: per group, a floor of F units
+                            * kept while other groups hold more, and the units of the group's
+                            * last F uses evicted after its others; LFU-DA among the rest. F is
+                            * FLOOR_PER_GROUP, or with 0 the most units one use has passed */
     FERRY_CACHE_LRU,       /* least recently used first */
     FERRY_CACHE_LFU,       /* least frequently used first, with dynamic aging (LFU-DA) */
     FERRY_CACHE_LRFU,      /* lowest combined recency and frequency first (LRFU) */
@@ -1011,7 +1012,8 @@ typedef struct ferry_cache_sim_stats {
 
 /* Creates a cache of CAPACITY bytes over N units, unit i of BYTES[i] bytes in group GROUP[i]
  * (< N_GROUPS; GROUP NULL: one group), evicting by POLICY. FLOOR_PER_GROUP units of a group are
- * kept while another group holds more (0: none). The arrays are copied. Returns 0 with *OUT set
+ * kept while another group holds more, the cache allowing (0: none; FERRY_CACHE_FERRY learns
+ * it). The arrays are copied. Returns 0 with *OUT set
  * (free it with ferry_cache_sim_destroy), FERRY_EINVAL for a bad argument, or FERRY_ENOMEM. */
 FERRY_API int ferry_cache_sim_create(ferry_cache_sim **out, ferry_cache_policy policy, size_t n,
                                      const uint64_t *bytes, const uint32_t *group,

@@ -293,13 +293,32 @@ static void test_policy_rules(void)
     ferry__evict_used(&e, 5, 1, 1); /* group 1: 3 */
     ferry__evict_cand res[5] = {c[0], c[1], c[3], c[4], c[5]};
     CHECK_EQ_INT(pick(&e, res, 5), 3); /* not 0, the least recent: group 0 is at its floor */
-    ferry__evict_loading(&e, 2);       /* loading into group 0: it replaces its own */
-    CHECK_EQ_INT(pick(&e, res, 5), 0);
+    /* of group 1's last two uses and group 0's units (all their group's last two uses) */
+    ferry__evict_cand last[4] = {c[0], c[1], c[4], c[5]};
+    CHECK_EQ_INT(pick(&e, last, 4), 4);
+    ferry__evict_loading(&e, 2); /* loading into group 0: it replaces its own */
+    CHECK_EQ_INT(pick(&e, last, 4), 0);
+    CHECK_EQ_INT(pick(&e, res, 5), 3); /* an older unit still goes first */
     ferry__evict_evicted(&e, 3, 1);
     ferry__evict_evicted(&e, 4, 1); /* group 1 at 1, below its floor: all in the low band */
     ferry__evict_cand low[3] = {c[0], c[1], c[5]};
     ferry__evict_loading(&e, UINT32_MAX);
     CHECK_EQ_INT(pick(&e, low, 3), 0);
+    ferry__moe_policy_free(&p);
+
+    /* the recency segment: a group's last FLOOR uses go after its other units, whatever their
+     * counts (LFU would take the unit used once, 2) */
+    CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_LFU, 6, group, 2, 1, 0), 0);
+    e = ferry__evict_moe(&p);
+    ferry__evict_used(&e, 0, 1, 1);
+    ferry__evict_used(&e, 0, 1, 0);
+    ferry__evict_used(&e, 0, 1, 0);
+    ferry__evict_used(&e, 1, 1, 1);
+    ferry__evict_used(&e, 1, 1, 0);
+    ferry__evict_used(&e, 2, 1, 1); /* the group's last use */
+    ferry__evict_loading(&e, 3);
+    ferry__evict_cand g0[3] = {c[0], c[1], c[2]};
+    CHECK_EQ_INT(pick(&e, g0, 3), 1); /* the least counted of the older ones */
     ferry__moe_policy_free(&p);
 
     CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_LRU, 6, group, 1, 0, 0), -1);

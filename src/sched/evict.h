@@ -85,7 +85,8 @@ typedef enum ferry__moe_kind {
     FERRY__MOE_COUNT
 } ferry__moe_kind;
 
-/* The kind ferry uses for experts, with a floor of the experts one layer uses for one token
+/* The kind ferry uses for experts, with a floor of the experts one layer uses for one token:
+ * LFU-DA for the rest, the last token's choice of each layer kept as a recency segment
  * (bench/README.md, "MoE eviction policies on routing traces"). */
 #define FERRY__MOE_DEFAULT FERRY__MOE_LFU
 /* LRFU's LAMBDA when given 0, per use of a unit of the same group (a layer's own clock, so that
@@ -125,8 +126,9 @@ const char *ferry__moe_kind_name(ferry__moe_kind kind);
  * first the units of the loading unit's group and of groups holding more than the floor, then
  * the others (a group at its floor gives up units only when no group above it has one left).
  * The floor is P's, or the resident units / groups when that is less (a cache too small to give
- * every group its floor gives each an even part of it);
- * within each, by the kind's value (lowest first; of equal values, the lowest id). MIN_DIST is
+ * every group its floor gives each an even part of it). Within each, the units among their
+ * group's last FLOOR uses (P's floor: the last token's choice) go after the others, and then by
+ * the kind's value (lowest first; of equal values, the lowest id). MIN_DIST is
  * ignored: the future use of an expert is not known. */
 ferry__evictor ferry__evict_moe(ferry__moe_policy *p);
 

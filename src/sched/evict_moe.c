@@ -82,13 +82,14 @@ static double key_of(const ferry__moe_policy *p, uint32_t id)
     }
 }
 
-/* A double mapped to 63 bits that sort as the doubles do (finite values). */
+/* A double mapped to 62 bits that sort as the doubles do (finite values; the two lowest bits
+ * of the mantissa dropped). */
 static uint64_t sortable(double d)
 {
     uint64_t u;
     memcpy(&u, &d, sizeof u);
     u = (u >> 63) ? ~u : u | (1ull << 63);
-    return u >> 1;
+    return u >> 2;
 }
 
 static int moe_order(void *state, const ferry__evict_cand *c, uint64_t min_dist, uint64_t *order)
@@ -102,7 +103,9 @@ static int moe_order(void *state, const ferry__evict_cand *c, uint64_t min_dist,
     uint64_t floor = p->resident / p->n_groups < p->floor ? p->resident / p->n_groups : p->floor;
     uint64_t band = g == p->loading_group || p->in_group[g] > floor ? 1ull << 63 : 0;
     /* lowest key first: invert; of equal keys ferry__evict_pick takes the lowest id */
-    *order = band | ((~sortable(key_of(p, c->id))) & ((1ull << 63) - 1));
+    /* the units of the group's last FLOOR uses (its last token's choice) go after the others */
+    uint64_t older = p->group_clock[g] - p->group_last[c->id] >= p->floor ? 1ull << 62 : 0;
+    *order = band | older | ((~sortable(key_of(p, c->id))) & ((1ull << 62) - 1));
     return 1;
 }
 

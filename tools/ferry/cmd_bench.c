@@ -30,8 +30,8 @@ static void moe_text(const moelab *m)
            t->used, cli_size(m->total_bytes, s1),
            cli_size(m->total_bytes / ((uint64_t)t->layers * t->experts), s2),
            m->sizes_differ ? " on average" : "");
-    printf("ferry: LFU with dynamic aging, keeping per layer the experts one token uses; "
-           "belady: furthest next use%s\n\n",
+    printf("ferry: per layer, the experts of its last token kept and as many as a floor; LFU "
+           "with dynamic aging for the rest; belady: furthest next use%s\n\n",
            m->sizes_differ ? " (sizes differ: an approximation of the optimum)" : " (the optimum)");
     printf("  %-8s %-10s %-8s %9s %9s %14s %9s\n", "cache", "bytes", "policy", "hit rate",
            "/ belady", "bytes/token", "/ belady");
