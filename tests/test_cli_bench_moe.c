@@ -173,6 +173,12 @@ static void test_errors(void)
     expect_usage(run("bench --moe --trace '%s'", path), "layer 0 appears twice");
     write_file(path, "L0:1,9\n");
     expect_usage(run("bench --moe --trace '%s' --experts 4", path), "expert 9");
+    write_file(path, "L4000:60000\n");
+    expect_usage(run("bench --moe --trace '%s'", path), "experts to simulate");
+    write_file(path, "L0:1,\n");
+    expect_usage(run("bench --moe --trace '%s'", path), "bad.txt:1");
+    write_file(path, "L99999:1\n");
+    expect_usage(run("bench --moe --trace '%s'", path), "layer number too large");
     write_file(path, "# nothing\n");
     expect_usage(run("bench --moe --trace '%s'", path), "no routing");
     CHECK_EQ_INT(run("bench --moe --trace '%s/missing.txt'", tmp), 1);

@@ -294,8 +294,9 @@ int moelab_read(moelab_trace *t, const char *path, uint32_t experts)
     }
     t->layers = max_layer + 1;
     t->experts = experts ? experts : max_expert + 1;
-    if ((uint64_t)t->layers * t->experts >= UINT32_MAX) {
-        cli_error("%s: %u layers x %u experts: too many units", path, t->layers, t->experts);
+    if ((uint64_t)t->layers * t->experts > MOELAB_MAX_UNITS) {
+        cli_error("%s: %u layers x %u experts: more than %u experts to simulate", path, t->layers,
+                  t->experts, MOELAB_MAX_UNITS);
         rc = CLI_EXIT_USAGE;
         goto done;
     }

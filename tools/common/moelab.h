@@ -23,6 +23,7 @@
 #define MOELAB_MAX_LAYERS 4096
 #define MOELAB_MAX_EXPERTS 65536
 #define MOELAB_MAX_SIZES 4
+#define MOELAB_MAX_UNITS (1u << 24) /* layers x experts */
 
 /* A routing trace: for each token and layer, the experts used (one step). Unit ids are global:
  * layer * experts + expert. */

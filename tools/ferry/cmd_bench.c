@@ -221,7 +221,8 @@ static int bench_moe(int argc, char **argv)
     }
     if (cache && cli_arg_u64("bench", "cache", cache, 1, UINT32_MAX, &m.cache_slots))
         return CLI_EXIT_USAGE;
-    if ((uint64_t)(m.layers ? m.layers : 8) * (m.experts ? m.experts : 64) >= (1u << 24))
+    if (!trace && (uint64_t)(m.layers ? m.layers : 8) * (m.experts ? m.experts : 64) >
+                      MOELAB_MAX_UNITS)
         return cli_usage_error("bench", "--layers x --experts: too many experts to simulate");
     int rc = moelab_run(&m);
     if (!rc) {
