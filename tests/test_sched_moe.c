@@ -180,6 +180,16 @@ static void test_cache_sim_contract(void)
     uint32_t big[3] = {0, 1, 3};
     CHECK_EQ_INT(ferry_cache_sim_use(s, big, 3), FERRY_EBUDGET); /* 50 bytes together */
     CHECK(strstr(ferry_cache_sim_errmsg(s), "50 bytes") != NULL);
+    ferry_cache_sim *h = NULL;
+    uint64_t huge[2] = {UINT64_MAX - 5, 10};
+    CHECK_EQ_INT(ferry_cache_sim_create(&h, FERRY_CACHE_FERRY, 2, huge, NULL, 0, UINT64_MAX - 1, 0),
+                 0);
+    uint32_t both[2] = {0, 1};
+    CHECK_EQ_INT(ferry_cache_sim_use(h, both, 2), FERRY_EBUDGET); /* the sum overflows */
+    CHECK_EQ_INT(ferry_cache_sim_use(h, both, 1), 0);
+    CHECK_EQ_INT(ferry_cache_sim_use(h, both + 1, 1), 0); /* 0 leaves: no overflow on the way */
+    CHECK(!ferry_cache_sim_resident(h, 0) && ferry_cache_sim_resident(h, 1));
+    ferry_cache_sim_destroy(h);
     ferry_cache_sim_stats st;
     ferry_cache_sim_get_stats(s, &st);
     CHECK_EQ_INT(st.uses, 0);

@@ -163,7 +163,7 @@ int ferry_cache_sim_use(ferry_cache_sim *s, const uint32_t *ids, size_t n)
                         (unsigned)ids[i], i, s->n);
         }
         if (!s->pinned[ids[i]])
-            need += s->bytes[ids[i]];
+            need = s->bytes[ids[i]] > UINT64_MAX - need ? UINT64_MAX : need + s->bytes[ids[i]];
         s->pinned[ids[i]] = 1;
     }
     if (need > s->capacity) {
@@ -185,9 +185,10 @@ int ferry_cache_sim_use(ferry_cache_sim *s, const uint32_t *ids, size_t n)
             ferry__evict_used(&s->evictor, id, s->bytes[id], 0);
             continue;
         }
-        if (used + s->bytes[id] > s->capacity)
+        /* used <= capacity and bytes[id] <= need <= capacity: no overflow below */
+        if (s->bytes[id] > s->capacity - used)
             ferry__evict_loading(&s->evictor, id);
-        while (used + s->bytes[id] > s->capacity) {
+        while (s->bytes[id] > s->capacity - used) {
             res_iter it = {.s = s};
             uint32_t v = ferry__evict_pick(&s->evictor, res_next, &it, 0);
             if (v == FERRY__SCHED_NONE)
