@@ -1011,10 +1011,11 @@ typedef struct ferry_cache_sim_stats {
 } ferry_cache_sim_stats;
 
 /* Creates a cache of CAPACITY bytes over N units, unit i of BYTES[i] bytes in group GROUP[i]
- * (< N_GROUPS; GROUP NULL: one group), evicting by POLICY. FLOOR_PER_GROUP units of a group are
- * kept while another group holds more, the cache allowing (0: none; FERRY_CACHE_FERRY learns
- * it). The arrays are copied. Returns 0 with *OUT set
- * (free it with ferry_cache_sim_destroy), FERRY_EINVAL for a bad argument, or FERRY_ENOMEM. */
+ * (< N_GROUPS; GROUP NULL: one group), evicting by POLICY. With FLOOR_PER_GROUP F > 0 (any
+ * policy), F units of a group are kept while another group holds more, the cache allowing, and
+ * the units of a group's last F uses go after its others; 0: none, except that FERRY_CACHE_FERRY
+ * learns F. The arrays are copied. Returns 0 with *OUT set (free it with
+ * ferry_cache_sim_destroy), FERRY_EINVAL for a bad argument, or FERRY_ENOMEM. */
 FERRY_API int ferry_cache_sim_create(ferry_cache_sim **out, ferry_cache_policy policy, size_t n,
                                      const uint64_t *bytes, const uint32_t *group,
                                      size_t n_groups, uint64_t capacity,

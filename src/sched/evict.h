@@ -71,7 +71,6 @@ void ferry__evict_loading(const ferry__evictor *e, uint32_t id);
  *  - in both of these, a prefetch (MIN_DIST > 0) never takes a copy fetched ahead. */
 ferry__evictor ferry__evict_cyclic(const ferry__sched *s);
 
-
 /* ---- policies for units whose use depends on the data (experts) --------------------------- */
 
 typedef enum ferry__moe_kind {
@@ -110,7 +109,7 @@ typedef struct ferry__moe_policy {
     double *value;           /* per id: LFU count + aging, or LRFU log2 CRF at LAST */
     uint64_t *uses;          /* per id: uses (LFU), kept over evictions */
     double age;              /* LFU-DA: the value of the last unit evicted */
-    double lambda;           /* LRFU: decay per use of any unit */
+    double lambda;           /* LRFU: decay per use of a unit of the same group */
 } ferry__moe_policy;
 
 /* Sets up P for N ids in N_GROUPS groups (GROUP per id; NULL: all in group 0), keeping FLOOR
@@ -128,8 +127,8 @@ const char *ferry__moe_kind_name(ferry__moe_kind kind);
  * The floor is P's, or the resident units / groups when that is less (a cache too small to give
  * every group its floor gives each an even part of it). Within each, the units among their
  * group's last FLOOR uses (P's floor: the last token's choice) go after the others, and then by
- * the kind's value (lowest first; of equal values, the lowest id). MIN_DIST is
- * ignored: the future use of an expert is not known. */
+ * the kind's value (lowest first; of equal values, the lowest id). MIN_DIST is ignored: the
+ * future use of an expert is not known. */
 ferry__evictor ferry__evict_moe(ferry__moe_policy *p);
 
 /* ---- one budget, two kinds of units ------------------------------------------------------- */
