@@ -64,6 +64,9 @@ void llama_destroy(llama *m);
  * adapter terms ferry_lora_factors gives for its weight. Off by default (merge mode: ferry merged
  * them into the staged copies already). */
 void llama_set_lora_runtime(llama *m, int on);
+/* Mixture of experts: nonzero (the default) prefetches the experts predicted for the next layer
+ * while a layer computes; 0 brings each layer's experts in only once they are routed to. */
+void llama_set_lookahead(llama *m, int on);
 /* The configuration read at create. */
 const llama_config *llama_get_config(const llama *m);
 

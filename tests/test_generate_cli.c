@@ -144,7 +144,8 @@ int main(void)
     CHECK_EQ_INT(run("gen -q -o '%s' --arch moe --experts 4 --experts-used 2 --layers 3 --dim 128 "
                      "--ff 128 --vocab %d --heads 4 --dtype q8_0", moe, VOCAB), 0);
     char *t0 = NULL;
-    static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB"};
+    static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB",
+                                     "--home disk --budget host=600KiB --lookahead off"};
     for (size_t i = 0; i < sizeof moe_runs / sizeof moe_runs[0]; i++) {
         int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --trace-routing '%s' %s", moe,
                      trace, moe_runs[i]);
@@ -172,6 +173,9 @@ int main(void)
         }
     }
     free(t0);
+    CHECK(strstr(out_text, "\"wait_seconds_per_token\"") != NULL);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 --lookahead maybe", moe), 2);
+    CHECK(strstr(err_text, "--lookahead") != NULL);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --trace-routing '%s'", model, trace), 2);
     CHECK(strstr(err_text, "mixture of experts") != NULL);
     CHECK_EQ_INT(run("gen -q -o '%s/x.gguf' --experts 4", tmp), 2);

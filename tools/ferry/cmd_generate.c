@@ -101,12 +101,15 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "  --trace-routing FILE   mixture-of-experts models: one line per evaluated position\n"
         "                         (the prompt's, then each generated token's but the last),\n"
         "                         the experts each layer used, ascending: L0:3,7 L1:0,5 ...\n"
+        "  --lookahead on|off     mixture-of-experts models: prefetch the experts predicted for\n"
+        "                         the next layer while a layer computes (default on)\n"
         "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
         "                         routing_predictions for a mixture of experts: how many of\n"
-        "                         the experts predicted for each next layer it then chose)\n"
+        "                         the experts predicted for each next layer it then chose;\n"
+        "                         wait_seconds_per_token: the time prepares waited for bytes)\n"
         "%s";
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
-               *logits_path = NULL, *batch_s = NULL, *trace_path = NULL;
+               *logits_path = NULL, *batch_s = NULL, *trace_path = NULL, *lookahead_s = NULL;
     int json = 0;
     cli_opt opts[16];
     size_t no = 0;
@@ -118,6 +121,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     opts[no++] = (cli_opt){"batch", 0, CLI_OPT_STRING, &batch_s};
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
     opts[no++] = (cli_opt){"trace-routing", 0, CLI_OPT_STRING, &trace_path};
+    opts[no++] = (cli_opt){"lookahead", 0, CLI_OPT_STRING, &lookahead_s};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
     int npos = 0;
     int prc = runopts_parse_args("generate", rp, &argc, argv, opts, no, &npos);
@@ -210,6 +214,12 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     }
     if (rp->lora_mode && strcmp(rp->lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
+    if (lookahead_s && strcmp(lookahead_s, "on") != 0 && strcmp(lookahead_s, "off") != 0) {
+        rc = cli_usage_error("generate", "--lookahead: '%s' (expected on or off)", lookahead_s);
+        goto out;
+    }
+    if (lookahead_s)
+        llama_set_lookahead(m, strcmp(lookahead_s, "on") == 0);
     const llama_config *c = llama_get_config(m);
     for (long i = 0; i < np; i++)
         if (prompt_ids[i] >= c->vocab) {
@@ -352,6 +362,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_u64(&j, st.prefetch_hits);
         cli_json_key(&j, "prefetch_misses");
         cli_json_u64(&j, st.prefetch_misses);
+        cli_json_key(&j, "wait_seconds_per_token");
+        cli_json_f64(&j, evals ? st.wait_seconds / (double)evals : 0);
         if (c->n_expert) {
             cli_json_key(&j, "routing_predicted_hits");
             cli_json_u64(&j, route_hits);
