@@ -433,6 +433,18 @@ typedef struct ferry_policy {
     int experts;
 } ferry_policy;
 
+/* How a budget gives up cached slices (ferry_slice), units whose use depends on the data. */
+typedef enum ferry_slice_evict {
+    FERRY_SLICE_EVICT_DEFAULT = 0,
+    /* The expert policy (FERRY_CACHE_FERRY of ferry_cache_sim_create): per layer a floor of the
+     * slices one prepare used together, LFU with dynamic aging for the rest. Slices stay out of
+     * the recorded access order, and the budget is shared with the other tensors (see
+     * ferry_slice). */
+    FERRY_SLICE_EVICT_EXPERT,
+    /* As any tensor: the recorded access order's policy over slices and tensors alike. */
+    FERRY_SLICE_EVICT_CYCLIC,
+} ferry_slice_evict;
+
 /* Options at creation. Zero-initialised means defaults. */
 typedef struct ferry_options {
     uint32_t io_threads;        /* I/O workers; 0: $FERRY_IO_THREADS, else the online CPUs
@@ -447,6 +459,9 @@ typedef struct ferry_options {
                                    memory cgroup's limit, ferry_create fails */
     int no_schedule;            /* nonzero: never record an access order nor prefetch by it,
                                    nor prefetch in file order before one is recorded */
+    ferry_slice_evict slice_evict; /* how cached slices are evicted (ferry_slice);
+                                   FERRY_SLICE_EVICT_DEFAULT: $FERRY_SLICE_EVICT ("expert" or
+                                   "cyclic"), else FERRY_SLICE_EVICT_EXPERT */
 } ferry_options;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
@@ -571,6 +586,15 @@ FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *ou
  * the slice of a split tensor is one unit on the split's first device. A slice and its tensor
  * are independent: both may be prepared at the same time, each with its own copy (under home
  * host each keeps its own home copy, unless zero-copy).
+ *
+ * Eviction: every slice (whatever its group's `experts`) is governed by the expert policy
+ * (ferry_options.slice_evict), everything else by the recorded access order. A slice's layer,
+ * which the policy keeps a floor for, is N of "blk.N." in its tensor's name (slices of tensors
+ * without one share a layer of their own). Slices never enter the recorded order: they are
+ * prefetched only when ferry_prefetch names them. One budget serves both kinds: each keeps a
+ * floor the other's loads cannot evict -- the other tensors the bytes of the recorded pass
+ * (at least the largest set of them prepared at once), the slices their floor per layer -- and
+ * a kind holding more than its share gives room back first.
  *
  * Its info (ferry_tensor_get_info): T's, with the outermost dimension COUNT, offset and nbytes
  * those of its bytes in the file, and the name "NAME[FIRST:FIRST+COUNT]". Owned by F, valid until

@@ -174,6 +174,7 @@ struct ferry_tensor {
     size_t n_slices, cap_slices;
     int is_slice;
     uint64_t slice_first, slice_count;
+    int moe_held;             /* memory.c: counted as holding memory by the expert policy */
 
     /* expectation */
     int has_expect;
@@ -309,6 +310,18 @@ struct ferry {
     /* the schedule: prepare.c records accesses, policy.c sizes it, manager.c resets it */
     ferry__sched sched;
     ferry__evictor evictor;   /* the eviction policy, over sched (sched/evict.h) */
+    struct {                  /* memory.c's: the expert policy, governing slices (ferry.h,
+                                 ferry_slice), sharing each budget with evictor's units */
+        int on;               /* 0: slices go by evictor as any tensor (FERRY_SLICE_EVICT_CYCLIC) */
+        ferry__moe_policy p;  /* over uids; a slice's group is its parent's layer */
+        ferry__evictor ev;
+        uint32_t *group;      /* per uid (0 for a tensor that is no slice), n_ids of them */
+        int64_t *layer;       /* per group: its layer ("blk.N." in the parent's name; -1: none) */
+        size_t n_ids, n_groups;
+        uint64_t dense_set;   /* the most bytes of units that are no slices in one prepare */
+        uint64_t expert_set;  /* the most bytes of slices in one prepare */
+        const ferry_tensor *loading; /* jobs.c: the unit whose copies are being reserved */
+    } moe;
     uint64_t clock;           /* LRU clock: jobs.c and prepare.c tick it */
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
         unsigned inflight_prefetch;
@@ -490,6 +503,17 @@ void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
 /* Puts T in its comp device's evictable set or takes it out, as its comp copy now qualifies: call
  * after a change of T's references or of comp's state. O(1). */
 void ferry__evictable_note(ferry *f, ferry_tensor *t);
+/* Whether T is governed by the expert policy (a slice, unless the manager was made with
+ * FERRY_SLICE_EVICT_CYCLIC). */
+static inline int ferry__expert_unit(const ferry *f, const ferry_tensor *t)
+{
+    return t->is_slice && f->moe.on;
+}
+/* Gives slice T (registered) its group in the expert policy: 0 or FERRY_ENOMEM. */
+int ferry__moe_add(ferry *f, ferry_tensor *t, ferry__err *e);
+/* Tells the expert policy of the uses of the expert units among U (a prepare's), and raises the
+ * floor and the largest sets from them. */
+void ferry__moe_used(ferry *f, ferry_tensor *const *u, size_t nu);
 /* Evicts cached copies until DEV is within its budget (after a budget change). */
 void ferry__shrink(ferry *f, int dev);
 /* The budget test of a load against device DEV, lock held: KEPT bytes that are never evicted

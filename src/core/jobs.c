@@ -285,6 +285,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         return 0;
     ferry__mem hm = {0}, cm = {0};
     int rc = 0, host_refused = 0;
+    f->moe.loading = t; /* the evictions below make room for T (its kind, memory.c) */
     if (fill & FILL_HOST) {
         rc = ferry__reserve(f, FERRY__HOST, ferry__host_alloc_size(t, 0), min_dist, &hm, e);
         host_refused = rc == FERRY_EBUDGET;
@@ -296,6 +297,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
         rc = ferry__reserve(f, dev, size, min_dist, &cm, e);
         host_refused = rc == FERRY_EBUDGET && ferry__host_side(f, dev);
     }
+    f->moe.loading = NULL;
     ferry__job *j = rc ? NULL : job_new(f);
     if (j && (fill & FILL_COMP) && t->merge && ferry__lora_snapshot(f, t, j)) {
         ferry__job_recycle(f, j);
@@ -366,6 +368,10 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
         if (ferry__bind(f, ferry__bind_root(t), NULL))
             return FERRY__PF_SKIP;
     }
+    /* slices come in when the engine asks (ferry_prefetch), and so does a tensor cut into
+     * slices: its slices are what is used */
+    if (t->is_slice || t->n_slices)
+        return FERRY__PF_SKIP;
     if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||
         (t->group >= 0 && f->place.groups[t->group].removing))
         return FERRY__PF_SKIP;
@@ -497,9 +503,12 @@ void ferry__prefetch_note(ferry *f, ferry_tensor *const *u, size_t nu)
         ferry__pf_follow_free(&f->prefetch.follow); /* cannot follow this set: follow nothing */
         return;
     }
+    size_t k = 0;
     for (size_t i = 0; i < nu; i++)
-        ids[i] = u[i]->uid;
-    ferry__pf_follow_touch(&f->prefetch.follow, &f->sched, ids, nu);
+        if (!ferry__expert_unit(f, u[i])) /* not in the file order the follower reads */
+            ids[k++] = u[i]->uid;
+    if (k)
+        ferry__pf_follow_touch(&f->prefetch.follow, &f->sched, ids, k);
     if (ids != local)
         free(ids);
 }

@@ -103,6 +103,16 @@ ferry *ferry_create(const ferry_options *opt)
     f->devs[0].default_budget = !f->opt.host_budget;
     ferry__device_set_reuse(cpu, f->opt.host_budget != 0);
     f->evictor = ferry__evict_cyclic(&f->sched);
+    if (f->opt.slice_evict == FERRY_SLICE_EVICT_DEFAULT) {
+        /* FERRY_SLICE_EVICT: the default for managers that do not set it (comparisons) */
+        const char *env = getenv("FERRY_SLICE_EVICT");
+        f->opt.slice_evict = env && strcmp(env, "cyclic") == 0 ? FERRY_SLICE_EVICT_CYCLIC
+                                                               : FERRY_SLICE_EVICT_EXPERT;
+    }
+    f->moe.on = f->opt.slice_evict != FERRY_SLICE_EVICT_CYCLIC;
+    if (ferry__moe_policy_init(&f->moe.p, FERRY__MOE_DEFAULT, 0, NULL, 1, 0, 0))
+        goto fail;
+    f->moe.ev = ferry__evict_moe(&f->moe.p);
     if (ferry__sched_init(&f->sched, 0, !f->opt.no_schedule))
         goto fail;
     ferry__pf_follow_init(&f->prefetch.follow);
@@ -172,6 +182,9 @@ void ferry_destroy(ferry *f)
     free(f->expect.missing_expect);
     ferry__sched_free(&f->sched);
     ferry__pf_follow_free(&f->prefetch.follow);
+    ferry__moe_policy_free(&f->moe.p);
+    free(f->moe.group);
+    free(f->moe.layer);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
     pthread_rwlock_destroy(&f->trace.lock);

@@ -134,6 +134,18 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
 
 static void ev_unlink(ferry *f, ferry_tensor *t);
 
+/* Keeps the expert policy's residency in step with expert unit T's comp copy: held while it has
+ * memory of its own (loading or ready; a mapping is not budgeted). */
+static void moe_sync(ferry *f, ferry_tensor *t)
+{
+    int want = ferry__expert_unit(f, t) && t->comp.state != FERRY__EMPTY &&
+               (t->comp.mem.base || t->comp.mem.size);
+    if (want != t->moe_held) {
+        ferry__moe_policy_hold(&f->moe.p, t->uid, want);
+        t->moe_held = want;
+    }
+}
+
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
     if (c->locked && c->ptr && c->mem.arena)
@@ -145,8 +157,10 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
     if (c->mem.base || c->mem.size)
         give_back(f, c->dev, &c->mem);
     memset(c, 0, sizeof *c);
-    if (c == &t->comp)
+    if (c == &t->comp) {
         ev_unlink(f, t);
+        moe_sync(f, t);
+    }
 }
 
 /* Whether T's comp copy may be evicted: cached (READY), not in use, not a home copy, not the
@@ -173,6 +187,7 @@ static void ev_unlink(ferry *f, ferry_tensor *t)
 
 void ferry__evictable_note(ferry *f, ferry_tensor *t)
 {
+    moe_sync(f, t);
     int want = evictable(t);
     if (t->ev_in && (!want || t->ev_dev != t->comp.dev))
         ev_unlink(f, t);
@@ -207,8 +222,87 @@ static int ev_next(void *ctx, ferry__evict_cand *c)
     return 1;
 }
 
+/* The candidates of one kind: expert units (EXPERT) or the others. */
+typedef struct kind_iter {
+    ev_iter it;
+    int expert;
+} kind_iter;
+
+static int kind_next(void *ctx, ferry__evict_cand *c)
+{
+    kind_iter *k = ctx;
+    while (k->it.next) {
+        int expert = ferry__expert_unit(k->it.f, k->it.next);
+        if (expert == k->expert)
+            return ev_next(&k->it, c);
+        k->it.next = k->it.next->ev_next;
+    }
+    return 0;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The bytes of DEV's budget the recorded pass's tensors (none of them slices) take: the dense
+ * kind's working set as the schedule knows it (while recording, the part recorded so far). */
+static uint64_t dense_pass_bytes(const ferry *f, int dev)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < f->sched.len; i++) {
+        uint32_t id = f->sched.order[i];
+        const ferry_tensor *t = id < f->n_all ? f->all[id] : NULL;
+        if (t && !ferry__expert_unit(f, t) && t->comp.dev == dev && !t->comp.mapped &&
+            !t->zero_copy && !t->lazy)
+            sum += t->out_bytes;
+    }
+    return sum;
+}
+
+/* The victim on DEV when slices hold some of it or one is loading: two kinds under one budget
+ * (ferry__evict_share_pick), the dense kind by the cyclic policy with the floor and share of its
+ * working set, the expert kind by the expert policy with its floor's bytes and the rest. */
+static uint32_t pick_shared(ferry *f, int dev, uint64_t min_dist)
+{
+    ferry__dev *D = &f->devs[dev];
+    uint64_t used[2] = {0, 0};
+    for (size_t i = 0; i < f->n_all; i++) {
+        const ferry_tensor *t = f->all[i];
+        if (t->comp.dev == dev && t->comp.state != FERRY__EMPTY && t->comp.mem.size)
+            used[ferry__expert_unit(f, t)] += t->comp.mem.size;
+    }
+    int loading = f->moe.loading && ferry__expert_unit(f, f->moe.loading);
+    if (!used[1] && !loading)
+        return FERRY__SCHED_NONE - 1; /* no slices in play: the cyclic policy alone */
+    /* the budget less what neither kind holds (pool, home copies, the engine's reservations) */
+    uint64_t other = D->used > used[0] + used[1] ? D->used - used[0] - used[1] : 0;
+    uint64_t avail = D->budget > other ? D->budget - other : 0;
+    uint64_t dense_floor = dense_pass_bytes(f, dev);
+    if (dense_floor < f->moe.dense_set)
+        dense_floor = f->moe.dense_set;
+    dense_floor = min_u64(dense_floor, avail > f->moe.expert_set ? avail - f->moe.expert_set : 0);
+    /* the expert policy's floor (units per layer, shrunk as it shrinks it) in bytes */
+    const ferry__moe_policy *p = &f->moe.p;
+    uint64_t per_unit = p->resident ? used[1] / p->resident : 0;
+    uint64_t units = min_u64(p->floor, p->resident / p->n_groups) * p->n_groups;
+    uint64_t expert_floor = min_u64(units * per_unit, avail - dense_floor);
+    expert_floor = min_u64(expert_floor, avail > f->moe.dense_set ? avail - f->moe.dense_set : 0);
+    kind_iter it[2] = {{.it = {.f = f, .next = D->evictable}, .expert = 0},
+                       {.it = {.f = f, .next = D->evictable}, .expert = 1}};
+    ferry__evict_kind k[2] = {
+        {.policy = f->evictor, .next = kind_next, .ctx = &it[0], .floor = dense_floor,
+         .share = dense_floor, .used = used[0]},
+        {.policy = f->moe.ev, .next = kind_next, .ctx = &it[1], .floor = expert_floor,
+         .share = avail - dense_floor, .used = used[1]},
+    };
+    return ferry__evict_share_pick(k, 2, (size_t)loading, min_dist, NULL);
+}
+
 /* The cached copy on DEV to evict, or NULL when none: the policy's pick of DEV's evictable set
- * (for a load needed MIN_DIST prepares from now; 0: a demand load). */
+ * (for a load needed MIN_DIST prepares from now; 0: a demand load). With slices in play the
+ * shared rule first; when it finds nothing (floors too tight for the loads at hand) the cyclic
+ * policy over every candidate, so a load fails only when nothing at all can go. */
 static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 {
 #ifndef NDEBUG
@@ -223,6 +317,11 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
         }
     }
 #endif
+    if (f->moe.on) {
+        uint32_t id = pick_shared(f, dev, min_dist);
+        if (id < f->n_all)
+            return f->all[id];
+    }
     ev_iter it = {.f = f, .next = f->devs[dev].evictable};
     uint32_t id = ferry__evict_pick(&f->evictor, ev_next, &it, min_dist);
     return id == FERRY__SCHED_NONE ? NULL : f->all[id];
@@ -230,6 +329,10 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 
 static void evict(ferry *f, ferry_tensor *t)
 {
+    if (t->moe_held) {
+        ferry__evict_evicted(&f->moe.ev, t->uid, t->comp.mem.size);
+        t->moe_held = 0;
+    }
 
     ferry__drop_copy(f, t, &t->comp);
     f->stats.evictions++;
@@ -386,6 +489,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         return 0;
     if (D->budget && size > D->budget)
         return ferry__budget_check(f, dev, 0, size, NULL, e); /* never fits: evict nothing */
+    if (f->moe.loading && ferry__expert_unit(f, f->moe.loading))
+        ferry__evict_loading(&f->moe.ev, f->moe.loading->uid);
     for (;;) {
         uint64_t room = !D->budget ? UINT64_MAX
                         : D->used <= D->budget ? D->budget - D->used

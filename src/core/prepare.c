@@ -569,15 +569,21 @@ int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
             ts[i]->refs++;
     }
     uint64_t set_bytes = 0;
+    size_t dense = 0;
     for (size_t i = 0; i < nu; i++) {
         u[i]->refs++;
         ferry__evictable_note(f, u[i]);
         u[i]->used = 1;
+        /* expert units stay out of the recorded order: their use depends on the data */
+        if (ferry__expert_unit(f, u[i]))
+            continue;
         ferry__sched_touch(&f->sched, u[i]->uid);
         set_bytes += u[i]->out_bytes;
+        dense++;
     }
     ferry__prefetch_note(f, u, nu);
-    f->prefetch.last_set_bytes = set_bytes;
+    if (dense) /* the window is the last set of scheduled tensors' bytes */
+        f->prefetch.last_set_bytes = set_bytes;
     *out = u;
     *nout = nu;
     return 0;
@@ -615,6 +621,8 @@ int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_ten
         u[i]->comp.last_use = ++f->clock;
         u[i]->comp.ahead = 0;
     }
+    if (f->moe.on)
+        ferry__moe_used(f, u, nu);
     ferry__prefetch_ahead(f);
     return 0;
 }

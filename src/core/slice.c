@@ -44,6 +44,82 @@ static int outer_row(const ferry_tensor *t, uint64_t *row_bytes, uint64_t *row_e
     return 0;
 }
 
+/* N of "blk.N." in NAME, or -1 when it has none. */
+static int64_t layer_of(const char *name)
+{
+    const char *b = strstr(name, "blk.");
+    while (b) {
+        const char *d = b + 4;
+        int64_t n = 0;
+        int digits = 0;
+        while (*d >= '0' && *d <= '9' && digits < 9)
+            n = n * 10 + (*d++ - '0'), digits++;
+        if (digits && *d == '.')
+            return n;
+        b = strstr(b + 1, "blk.");
+    }
+    return -1;
+}
+
+int ferry__moe_add(ferry *f, ferry_tensor *t, ferry__err *e)
+{
+    int64_t layer = layer_of(t->parent->info.name);
+    size_t g = 0;
+    while (g < f->moe.n_groups && f->moe.layer[g] != layer)
+        g++;
+    if (g == f->moe.n_groups) {
+        int64_t *l = realloc(f->moe.layer, (g + 1) * sizeof *l);
+        if (!l)
+            return ferry__fail(e, FERRY_ENOMEM, "out of memory for a slice of '%s'",
+                               t->parent->info.name);
+        f->moe.layer = l;
+        l[g] = layer;
+        f->moe.n_groups = g + 1;
+    }
+    if (t->uid >= f->moe.n_ids) {
+        size_t n = f->moe.n_ids * 2 > t->uid + 1 ? f->moe.n_ids * 2 : (size_t)t->uid + 64;
+        uint32_t *gr = realloc(f->moe.group, n * sizeof *gr);
+        if (!gr)
+            return ferry__fail(e, FERRY_ENOMEM, "out of memory for a slice of '%s'",
+                               t->parent->info.name);
+        memset(gr + f->moe.n_ids, 0, (n - f->moe.n_ids) * sizeof *gr);
+        f->moe.group = gr;
+        f->moe.p.group = gr; /* the policy's ids are all below the old size */
+        f->moe.n_ids = n;
+    }
+    f->moe.group[t->uid] = (uint32_t)g;
+    if (ferry__moe_policy_grow(&f->moe.p, f->moe.n_ids, f->moe.group, f->moe.n_groups))
+        return ferry__fail(e, FERRY_ENOMEM, "out of memory for a slice of '%s'",
+                           t->parent->info.name);
+    return 0;
+}
+
+void ferry__moe_used(ferry *f, ferry_tensor *const *u, size_t nu)
+{
+    uint64_t dense = 0, expert = 0;
+    uint32_t most = 0;
+    for (size_t i = 0; i < nu; i++) {
+        if (!ferry__expert_unit(f, u[i])) {
+            dense += u[i]->out_bytes;
+            continue;
+        }
+        expert += u[i]->out_bytes;
+        ferry__evict_used(&f->moe.ev, u[i]->uid, u[i]->comp.mem.size, 0);
+        /* the floor: the most units of one layer used together (one token's choice) */
+        uint32_t g = f->moe.group[u[i]->uid], same = 0;
+        for (size_t j = 0; j < nu; j++)
+            same += ferry__expert_unit(f, u[j]) && f->moe.group[u[j]->uid] == g;
+        if (same > most)
+            most = same;
+    }
+    if (most > f->moe.p.floor)
+        f->moe.p.floor = most;
+    if (dense > f->moe.dense_set)
+        f->moe.dense_set = dense;
+    if (expert > f->moe.expert_set)
+        f->moe.expert_set = expert;
+}
+
 int ferry__slice_get(ferry *f, ferry_tensor *t, uint64_t first, uint64_t count,
                      ferry_tensor **out, ferry__err *e)
 {
@@ -109,6 +185,11 @@ int ferry__slice_get(ferry *f, ferry_tensor *t, uint64_t first, uint64_t count,
     c->slice_first = first;
     c->slice_count = count;
     c->dev_override = -1;
+    int rc2 = ferry__moe_add(f, c, e);
+    if (rc2) {
+        c->removed = 1; /* registered: freed with the manager */
+        return rc2;
+    }
     t->slices[t->n_slices++] = c;
     *out = c;
     return 0;

@@ -118,6 +118,13 @@ typedef struct ferry__moe_policy {
 int ferry__moe_policy_init(ferry__moe_policy *p, ferry__moe_kind kind, size_t n,
                            const uint32_t *group, size_t n_groups, uint32_t floor, double lambda);
 void ferry__moe_policy_free(ferry__moe_policy *p);
+/* Grows P to N ids in N_GROUPS groups (GROUP per id, replacing P's; the new ids unused, the new
+ * groups empty); never shrinks. Returns 0, or -1 when out of memory (P unchanged). */
+int ferry__moe_policy_grow(ferry__moe_policy *p, size_t n, const uint32_t *group, size_t n_groups);
+/* Unit ID holds memory (HELD 1: a load began) or no longer does (0: dropped other than by an
+ * eviction, which ferry__evict_evicted reports): the residency per group that the floor reads,
+ * for a caller whose loads are not all followed by a use (prefetches). */
+void ferry__moe_policy_hold(ferry__moe_policy *p, uint32_t id, int held);
 /* The name of KIND ("lru", "lfu", "lrfu"). */
 const char *ferry__moe_kind_name(ferry__moe_kind kind);
 

@@ -63,6 +63,40 @@ void ferry__moe_policy_free(ferry__moe_policy *p)
     memset(p, 0, sizeof *p);
 }
 
+/* realloc of *A from OLD to NEW elements of SIZE, the new ones zeroed; 0 or -1 (*A unchanged) */
+static int grow_array(void **a, size_t old, size_t new, size_t size)
+{
+    void *q = realloc(*a, new * size);
+    if (!q)
+        return -1;
+    memset((char *)q + old * size, 0, (new - old) * size);
+    *a = q;
+    return 0;
+}
+
+int ferry__moe_policy_grow(ferry__moe_policy *p, size_t n, const uint32_t *group, size_t n_groups)
+{
+    if (n < p->n)
+        n = p->n;
+    if (n_groups < p->n_groups)
+        n_groups = p->n_groups;
+    size_t on = p->n ? p->n : 1, nn = n ? n : 1, og = p->n_groups;
+    /* each array grown on its own: one that grew and one that did not both stay valid */
+    if (nn > on && (grow_array((void **)&p->last, on, nn, sizeof *p->last) ||
+                    grow_array((void **)&p->value, on, nn, sizeof *p->value) ||
+                    grow_array((void **)&p->uses, on, nn, sizeof *p->uses) ||
+                    grow_array((void **)&p->group_last, on, nn, sizeof *p->group_last)))
+        return -1;
+    if (n_groups > og && (grow_array((void **)&p->in_group, og, n_groups, sizeof *p->in_group) ||
+                          grow_array((void **)&p->group_clock, og, n_groups,
+                                     sizeof *p->group_clock)))
+        return -1;
+    p->n = n;
+    p->n_groups = n_groups;
+    p->group = group;
+    return 0;
+}
+
 static uint32_t group_of(const ferry__moe_policy *p, uint32_t id)
 {
     return p->group ? p->group[id] : 0;
@@ -141,6 +175,20 @@ static void moe_used(void *state, uint32_t id, uint64_t bytes, int loaded)
     }
     p->last[id] = now;
     p->group_last[id] = gnow;
+}
+
+void ferry__moe_policy_hold(ferry__moe_policy *p, uint32_t id, int held)
+{
+    if (id >= p->n)
+        return;
+    uint32_t g = group_of(p, id);
+    if (held) {
+        p->in_group[g]++;
+        p->resident++;
+    } else if (p->in_group[g]) {
+        p->in_group[g]--;
+        p->resident--;
+    }
 }
 
 static void moe_loading(void *state, uint32_t id)
