@@ -412,7 +412,7 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
     if (!seen)
         return ferry__fail(e, FERRY_ENOMEM, "out of memory");
     memset(seen, 0, FERRY__MIN(n, 64) * sizeof *seen);
-    int rc = 0, prefetched = 0;
+    int rc = 0, prefetched = 0, prefetch_waits = 0;
     double waited = 0;
     for (size_t i = 0; i < n && from_prepare; i++) {
         /* Only copies that come and go can hit or miss. */
@@ -460,6 +460,16 @@ static int bring_wait(ferry *f, ferry_tensor *const *ts, size_t n, int home_only
                  * oldest (without the lock), then try again */
                 ferry__err_clear(e);
                 ferry__fences_wait_oldest(f);
+                rc = 0;
+                again = 1;
+                break;
+            }
+            if (rc == FERRY_EBUDGET && f->prefetch.inflight_prefetch &&
+                prefetch_waits++ < 4 * FERRY__MAX_PREFETCH) {
+                /* the room is held by prefetches in flight: once one lands its copy may be
+                 * evicted for this load (bounded: landing prefetches may queue others) */
+                ferry__err_clear(e);
+                pthread_cond_wait(&f->cond, &f->lock);
                 rc = 0;
                 again = 1;
                 break;

@@ -1,0 +1,224 @@
+/*
+ * test_slice_evict.c — slices under a host budget shared with dense tensors: on a routing trace
+ * with locality (per layer a skewed choice of 2 of 8 experts, often the last token's again) over
+ * the slices of 3-D expert tensors, with each layer's dense tensor prepared every token, the
+ * expert policy (FERRY_SLICE_EVICT_EXPERT) reads fewer bytes per token than the cyclic one
+ * (FERRY_SLICE_EVICT_CYCLIC) on the same trace; every prepare works under the budget (dense
+ * tensors never starved), bytes are right and the budget is never exceeded, with either policy,
+ * also under a budget that barely holds one layer's sets.
+ */
+#include "check.h"
+#include "slice_fixture.h"
+
+#define LAYERS 4
+#define KINDS 2 /* expert tensors per layer */
+#define K 2     /* experts per token */
+#define TOKENS 160
+
+static char g_path[1200];
+
+/* Per layer: two expert tensors [256, 64, 8] f32 (64 KiB per expert) and one dense tensor
+ * [256, 64] f32 (64 KiB); and the output. */
+static fixture_tensor g_ts[LAYERS * (KINDS + 1) + 1];
+
+static void set_tensor(fixture_tensor *t, const char *name, uint32_t ndim, int64_t outer)
+{
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = FERRY_DTYPE_F32;
+    t->ndim = ndim;
+    t->shape[0] = 256;
+    t->shape[1] = 64;
+    t->shape[2] = outer;
+    t->shape[3] = 0;
+}
+
+static size_t make_tensors(void)
+{
+    size_t n = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l);
+        set_tensor(&g_ts[n++], name, 2, 0);
+        for (int k = 0; k < KINDS; k++) {
+            snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, k ? "down" : "up");
+            set_tensor(&g_ts[n++], name, 3, SLICE_EXPERTS);
+        }
+    }
+    set_tensor(&g_ts[n++], "output.weight", 2, 0);
+    return n;
+}
+
+static unsigned rnd(unsigned *seed)
+{
+    *seed = *seed * 1103515245u + 12345u;
+    return (*seed >> 16) & 0x7fff;
+}
+
+/* The trace: per token and layer K distinct experts; half the time the last token's choice of
+ * that layer, else drawn with weight 1/(rank+1) over a per-layer ranking of the experts. */
+static void make_trace(uint32_t trace[TOKENS][LAYERS][K])
+{
+    unsigned seed = 11;
+    uint32_t rank[LAYERS][SLICE_EXPERTS];
+    for (int l = 0; l < LAYERS; l++) {
+        for (int e = 0; e < SLICE_EXPERTS; e++)
+            rank[l][e] = (uint32_t)e;
+        for (int e = SLICE_EXPERTS - 1; e > 0; e--) {
+            int j = (int)(rnd(&seed) % (unsigned)(e + 1));
+            uint32_t x = rank[l][e];
+            rank[l][e] = rank[l][j], rank[l][j] = x;
+        }
+    }
+    double total = 0;
+    for (int r = 0; r < SLICE_EXPERTS; r++)
+        total += 1.0 / (r + 1);
+    for (int t = 0; t < TOKENS; t++)
+        for (int l = 0; l < LAYERS; l++) {
+            if (t > 0 && rnd(&seed) % 2 == 0) {
+                for (int k = 0; k < K; k++)
+                    trace[t][l][k] = trace[t - 1][l][k];
+                continue;
+            }
+            for (int k = 0; k < K; k++) {
+                uint32_t e;
+                int again;
+                do {
+                    double u = (rnd(&seed) / 32768.0) * total, acc = 0;
+                    int r = 0;
+                    while (r < SLICE_EXPERTS - 1 && (acc += 1.0 / (r + 1)) < u)
+                        r++;
+                    e = rank[l][r];
+                    again = 0;
+                    for (int j = 0; j < k; j++)
+                        again |= trace[t][l][j] == e;
+                } while (again);
+                trace[t][l][k] = e;
+            }
+        }
+}
+
+typedef struct run_result {
+    int ok;                 /* every prepare worked, bytes right, within the budget */
+    uint64_t bytes_read;    /* per token, after the first */
+    uint64_t dense_fail;    /* dense prepares that failed */
+} run_result;
+
+/* Runs the trace under a host budget of BUDGET with slice eviction MODE. */
+static run_result run(ferry_slice_evict mode, uint64_t budget,
+                      const uint32_t trace[TOKENS][LAYERS][K])
+{
+    run_result r = {.ok = 1};
+    ferry_options o = {.host_budget = budget, .slice_evict = mode};
+    ferry *f = ferry_create(&o);
+    CHECK(f != NULL);
+    if (!f) {
+        r.ok = 0;
+        return r;
+    }
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .experts = 1};
+    CHECK_EQ_INT(ferry_open(f, g_path, NULL), 0);
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    ferry_tensor *dense[LAYERS + 1], *exps[LAYERS][KINDS][SLICE_EXPERTS];
+    char name[64];
+    for (int l = 0; l < LAYERS; l++) {
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l);
+        dense[l] = ferry_find(f, name);
+        CHECK(dense[l] != NULL);
+        for (int k = 0; k < KINDS; k++) {
+            snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, k ? "down" : "up");
+            ferry_tensor *t = ferry_find(f, name);
+            CHECK(t != NULL);
+            for (int e = 0; e < SLICE_EXPERTS; e++)
+                CHECK_EQ_INT(ferry_slice(f, t, (uint64_t)e, 1, &exps[l][k][e]), 0);
+        }
+    }
+    dense[LAYERS] = ferry_find(f, "output.weight");
+    CHECK(dense[LAYERS] != NULL);
+    uint64_t first = 0;
+    for (int t = 0; t < TOKENS; t++) {
+        for (int l = 0; l <= LAYERS; l++) {
+            if (ferry_prepare(f, &dense[l], 1) != 0) {
+                fprintf(stderr, "token %d: dense prepare of layer %d: %s\n", t, l,
+                        ferry_errmsg(f));
+                r.dense_fail++;
+                r.ok = 0;
+            } else {
+                if (t % 40 == 0)
+                    r.ok &= fixture_same_as_file(f, dense[l]);
+                ferry_release(f, &dense[l], 1);
+            }
+            if (l == LAYERS)
+                break;
+            ferry_tensor *set[KINDS * K];
+            size_t n = 0;
+            for (int k = 0; k < KINDS; k++)
+                for (int j = 0; j < K; j++)
+                    set[n++] = exps[l][k][trace[t][l][j]];
+            if (ferry_prepare(f, set, n) != 0) {
+                fprintf(stderr, "token %d: experts of layer %d: %s\n", t, l, ferry_errmsg(f));
+                r.ok = 0;
+                continue;
+            }
+            if (t % 40 == 1)
+                for (size_t i = 0; i < n; i++)
+                    r.ok &= fixture_same_as_file(f, set[i]);
+            ferry_stats st;
+            ferry_get_stats(f, &st);
+            r.ok &= st.resident_bytes[0] <= budget;
+            ferry_release(f, set, n);
+        }
+        if (t == 0) {
+            ferry_stats st;
+            ferry_get_stats(f, &st);
+            first = st.bytes_read;
+        }
+    }
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    r.ok &= st.peak_bytes[0] <= budget;
+    r.bytes_read = (st.bytes_read - first) / (TOKENS - 1);
+    ferry_destroy(f);
+    return r;
+}
+
+static void test_expert_reads_less(const uint32_t trace[TOKENS][LAYERS][K])
+{
+    /* the dense tensors (320 KiB) and about 40% of the experts' 4 MiB */
+    uint64_t budget = 2u << 20;
+    run_result cyc = run(FERRY_SLICE_EVICT_CYCLIC, budget, trace);
+    run_result exp = run(FERRY_SLICE_EVICT_EXPERT, budget, trace);
+    CHECK(cyc.ok);
+    CHECK(exp.ok);
+    CHECK_EQ_INT((int)exp.dense_fail, 0);
+    fprintf(stderr, "bytes read per token: cyclic %llu, expert %llu\n",
+            (unsigned long long)cyc.bytes_read, (unsigned long long)exp.bytes_read);
+    CHECK(exp.bytes_read < cyc.bytes_read);
+}
+
+/* A budget that barely holds one dense tensor and one layer's experts beside the cached rest:
+ * every prepare still works with either policy. */
+static void test_tight_budget(const uint32_t trace[TOKENS][LAYERS][K])
+{
+    uint64_t unit = 64u << 10, slack = 64u << 10;
+    uint64_t budget = unit + KINDS * K * unit + slack;
+    for (int m = FERRY_SLICE_EVICT_EXPERT; m <= FERRY_SLICE_EVICT_CYCLIC; m++) {
+        run_result r = run((ferry_slice_evict)m, budget, trace);
+        CHECK(r.ok);
+        CHECK_EQ_INT((int)r.dense_fail, 0);
+    }
+}
+
+int main(void)
+{
+    const char *dir = check_tmpdir("slice_evict");
+    snprintf(g_path, sizeof g_path, "%s/moe.gguf", dir);
+    size_t n = make_tensors();
+    if (slice_write(g_path, FERRY_FORMAT_GGUF, g_ts, n))
+        return 2;
+    static uint32_t trace[TOKENS][LAYERS][K];
+    make_trace(trace);
+    test_expert_reads_less(trace);
+    test_tight_budget(trace);
+    check_rmdir(dir);
+    return check_finish();
+}
