@@ -579,7 +579,7 @@ FERRY_API int ferry_tensor_get_info(const ferry_tensor *t, ferry_tensor_info *ou
  * mixture-of-experts tensor [n_embd, n_ff, n_expert], a block of an embedding table. The slice is
  * a residency unit like any tensor: ferry_prepare, ferry_release, ferry_prefetch,
  * ferry_tensor_data, ferry_tensor_read and the rest take it, and it has its own copies, its own
- * place in the budgets, the schedule and eviction, and counts in ferry_get_stats as any tensor.
+ * place in the budgets and eviction, and counts in ferry_get_stats as any tensor.
  * It reads exactly its own bytes from the file (O_DIRECT with aligned edges, or zero-copy from
  * the mapping where the policy allows it). Its placement (home, load mode, compute device, lazy,
  * dtype conversion) is its tensor's group policy, laziness decided on the whole tensor's size;

@@ -135,11 +135,11 @@ void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
 static void ev_unlink(ferry *f, ferry_tensor *t);
 
 /* Keeps the expert policy's residency in step with expert unit T's comp copy: held while it has
- * memory of its own (loading or ready; a mapping is not budgeted). */
+ * budgeted memory (loading or ready; a mapping has none). mem.size, not mem.base: a loader sets
+ * the base of a LOADING copy without the lock. */
 static void moe_sync(ferry *f, ferry_tensor *t)
 {
-    int want = ferry__expert_unit(f, t) && t->comp.state != FERRY__EMPTY &&
-               (t->comp.mem.base || t->comp.mem.size);
+    int want = ferry__expert_unit(f, t) && t->comp.state != FERRY__EMPTY && t->comp.mem.size;
     if (want != t->moe_held) {
         ferry__moe_policy_hold(&f->moe.p, t->uid, want);
         t->moe_held = want;
