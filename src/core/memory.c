@@ -8,7 +8,8 @@
  * buffers to the system, then evicts cached copies: the eviction policy (sched/evict.h) picks one
  * from the device's evictable set, which ferry__evictable_note keeps up to date in O(1) as copies
  * become cached or taken. Copies in use (refs > 0), copies being loaded and home copies are never
- * in it. ferry never goes over a budget: when nothing more can be evicted the reservation fails
+ * in it. Two kinds of units share a budget (ferry__evict_share_pick): slices, by the expert
+ * policy (ferry.moe), and the rest, by the cyclic policy (ferry.evictor). ferry never goes over a budget: when nothing more can be evicted the reservation fails
  * with FERRY_EBUDGET.
  *
  * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
