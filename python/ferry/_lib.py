@@ -104,7 +104,8 @@ class Policy(Structure):
 
 
 class Options(Structure):
-    _fields_ = [("io_threads", c_uint32), ("host_budget", c_uint64), ("no_schedule", c_int)]
+    _fields_ = [("io_threads", c_uint32), ("host_budget", c_uint64), ("no_schedule", c_int),
+                ("slice_evict", c_int)]
 
 
 class DeviceInfo(Structure):
