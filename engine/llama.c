@@ -55,7 +55,7 @@ struct llama {
     uint32_t n_ctx;
     pool *pool;
     int lora_runtime;          /* apply adapter factors here (ferry merges them otherwise) */
-    int no_lookahead;          /* do not prefetch the next layer's predicted experts */
+    int lookahead;             /* prefetch the next layer's predicted experts */
 
     /* weights */
     ferry_tensor *token_embd;  /* (vocab, dim), lazy: only the rows of tokens seen are read */
@@ -448,7 +448,7 @@ const llama_config *llama_get_config(const llama *m) { return &m->c; }
 
 void llama_set_lora_runtime(llama *m, int on) { m->lora_runtime = on; }
 
-void llama_set_lookahead(llama *m, int on) { m->no_lookahead = !on; }
+void llama_set_lookahead(llama *m, int on) { m->lookahead = on; }
 
 /* ---- matrix-vector products over the pool -------------------------------------------------- */
 
@@ -1144,7 +1144,7 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
         return rc;
     /* the experts predicted for the next layer are read while these compute, not before these
      * are held */
-    if (l + 1 < c->n_layer && !m->no_lookahead) {
+    if (l + 1 < c->n_layer && m->lookahead) {
         uint8_t want[LLAMA_MAX_EXPERTS] = {0};
         for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
             want[m->pred[i]] = 1;

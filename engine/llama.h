@@ -64,8 +64,10 @@ void llama_destroy(llama *m);
  * adapter terms ferry_lora_factors gives for its weight. Off by default (merge mode: ferry merged
  * them into the staged copies already). */
 void llama_set_lora_runtime(llama *m, int on);
-/* Mixture of experts: nonzero (the default) prefetches the experts predicted for the next layer
- * while a layer computes; 0 brings each layer's experts in only once they are routed to. */
+/* Mixture of experts: nonzero prefetches the experts predicted for the next layer while a layer
+ * computes; 0 (the default) brings each layer's experts in only once they are routed to. Off by
+ * default: with about a third of the predictions wrong, the wrong experts' reads cost more than the
+ * stalls the right ones save when the disk is the bound (bench/README.md, MoE). */
 void llama_set_lookahead(llama *m, int on);
 /* The configuration read at create. */
 const llama_config *llama_get_config(const llama *m);

@@ -145,7 +145,7 @@ int main(void)
                      "--ff 128 --vocab %d --heads 4 --dtype q8_0", moe, VOCAB), 0);
     char *t0 = NULL;
     static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB",
-                                     "--home disk --budget host=600KiB --lookahead off"};
+                                     "--home disk --budget host=600KiB --lookahead on"};
     for (size_t i = 0; i < sizeof moe_runs / sizeof moe_runs[0]; i++) {
         int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --trace-routing '%s' %s", moe,
                      trace, moe_runs[i]);

@@ -102,7 +102,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "                         (the prompt's, then each generated token's but the last),\n"
         "                         the experts each layer used, ascending: L0:3,7 L1:0,5 ...\n"
         "  --lookahead on|off     mixture-of-experts models: prefetch the experts predicted for\n"
-        "                         the next layer while a layer computes (default on)\n"
+        "                         the next layer while a layer computes (default off)\n"
         "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
         "                         routing_predictions for a mixture of experts: how many of\n"
         "                         the experts predicted for each next layer it then chose;\n"
