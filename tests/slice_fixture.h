@@ -34,48 +34,6 @@ static const fixture_tensor slice_st_ts[] = {
 };
 #define SLICE_N_ST_EXPERT_TS 4
 
-/* Writes TS to PATH: f32-convertible dtypes hold fixture values, the others (k-quants) bytes of
- * a fixed pattern (the tests compare bytes, never values). 0, or -1 with a line on stderr. */
-static inline int slice_write(const char *path, ferry_format fmt, const fixture_tensor *ts,
-                              size_t n)
-{
-    ferry_writer *w = ferry_writer_create(fmt);
-    if (!w)
-        return -1;
-    int rc = ferry_writer_set_meta_str(w, "general.architecture", "llama");
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = ferry_writer_add_tensor(w, ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape);
-    if (!rc)
-        rc = ferry_writer_begin(w, path);
-    for (size_t i = 0; i < n && !rc; i++) {
-        uint64_t ne = fixture_elems(&ts[i]), nb = 0;
-        ferry_dtype_nbytes(ts[i].dtype, ne, &nb);
-        float *v = malloc((ne ? ne : 1) * sizeof *v);
-        unsigned char *out = malloc(nb ? nb : 1);
-        if (!v || !out) {
-            free(v), free(out);
-            rc = -1;
-            break;
-        }
-        for (uint64_t k = 0; k < ne; k++)
-            v[k] = fixture_value((uint32_t)i, k);
-        if (ferry_dtype_can_convert(FERRY_DTYPE_F32, ts[i].dtype))
-            rc = ferry_dtype_convert(FERRY_DTYPE_F32, v, ts[i].dtype, out, ne);
-        else
-            for (uint64_t k = 0; k < nb; k++)
-                out[k] = (unsigned char)(k * 131 + i * 7 + (k >> 9));
-        if (!rc)
-            rc = ferry_writer_write(w, out, nb);
-        free(v), free(out);
-    }
-    if (!rc)
-        rc = ferry_writer_finish(w);
-    if (rc)
-        fprintf(stderr, "slice_write %s: %s\n", path, ferry_writer_errmsg(w));
-    ferry_writer_destroy(w);
-    return rc;
-}
-
 /* 1 when prepared S holds exactly the bytes [OFF, OFF + N) of PATH. */
 static inline int slice_bytes_are(ferry *f, ferry_tensor *s, const char *path, uint64_t off,
                                   uint64_t n)

@@ -49,7 +49,7 @@ int main(void)
     tmp = check_tmpdir("cli_plan_experts");
     char model[1200];
     snprintf(model, sizeof model, "%s/exps.gguf", tmp);
-    if (slice_write(model, FERRY_FORMAT_GGUF, slice_gguf_ts,
+    if (fixture_write(model, FERRY_FORMAT_GGUF, slice_gguf_ts,
                     sizeof slice_gguf_ts / sizeof slice_gguf_ts[0]))
         return 2;
     test_plan_lists_experts(model);

@@ -526,9 +526,9 @@ int main(void)
     snprintf(g_gguf, sizeof g_gguf, "%s/exps.gguf", dir);
     snprintf(g_st, sizeof g_st, "%s/exps.safetensors", dir);
     snprintf(g_lora, sizeof g_lora, "%s/lora.gguf", dir);
-    if (slice_write(g_gguf, FERRY_FORMAT_GGUF, slice_gguf_ts,
+    if (fixture_write(g_gguf, FERRY_FORMAT_GGUF, slice_gguf_ts,
                     sizeof slice_gguf_ts / sizeof slice_gguf_ts[0]) ||
-        slice_write(g_st, FERRY_FORMAT_SAFETENSORS, slice_st_ts,
+        fixture_write(g_st, FERRY_FORMAT_SAFETENSORS, slice_st_ts,
                     sizeof slice_st_ts / sizeof slice_st_ts[0]) ||
         write_lora(g_lora))
         return 2;

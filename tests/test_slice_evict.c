@@ -213,7 +213,7 @@ int main(void)
     const char *dir = check_tmpdir("slice_evict");
     snprintf(g_path, sizeof g_path, "%s/moe.gguf", dir);
     size_t n = make_tensors();
-    if (slice_write(g_path, FERRY_FORMAT_GGUF, g_ts, n))
+    if (fixture_write(g_path, FERRY_FORMAT_GGUF, g_ts, n))
         return 2;
     static uint32_t trace[TOKENS][LAYERS][K];
     make_trace(trace);

@@ -126,7 +126,7 @@ int main(void)
 {
     const char *dir = check_tmpdir("slice_threads");
     snprintf(g_gguf, sizeof g_gguf, "%s/exps.gguf", dir);
-    if (slice_write(g_gguf, FERRY_FORMAT_GGUF, slice_gguf_ts,
+    if (fixture_write(g_gguf, FERRY_FORMAT_GGUF, slice_gguf_ts,
                     sizeof slice_gguf_ts / sizeof slice_gguf_ts[0]))
         return 2;
     run(NULL, FERRY_HOME_DISK, FERRY_LOAD_READ);
