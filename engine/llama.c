@@ -56,6 +56,7 @@ struct llama {
     pool *pool;
     int lora_runtime;          /* apply adapter factors here (ferry merges them otherwise) */
     int lookahead;             /* prefetch the next layer's predicted experts */
+    int f16_arith;             /* attention's f16 steps rounded as in f16 arithmetic */
 
     /* weights */
     ferry_tensor *token_embd;  /* (vocab, dim), lazy: only the rows of tokens seen are read */
@@ -335,6 +336,26 @@ static void *alloc_floats(uint64_t n, int *failed)
     return p;
 }
 
+static int cpu_has_avx512fp16(void)
+{
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7)
+        return 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return (d >> 23) & 1;
+#else
+    return 0;
+#endif
+}
+
+static int f16_arith_wanted(void)
+{
+    const char *e = getenv("FERRY_F16_ARITH");
+    return e && (*e == '0' || *e == '1') ? *e == '1' : cpu_has_avx512fp16();
+}
+
 int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -344,6 +365,7 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
         return FERRY_ENOMEM;
     }
     m->f = f;
+    m->f16_arith = f16_arith_wanted();
     int rc = llama_read_config(f, &m->c, err, errlen);
     if (rc) {
         free(m);
@@ -613,29 +635,100 @@ static float f16_to_f32(uint16_t h)
 
 static float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
-/* q . k for f16 K, summed in the order of ggml's f16 dot product in llama.cpp's AVX-512 builds:
- * four 16-lane fused multiply-add accumulators over steps of 64 elements, combined pairwise and
- * across lanes as _mm512_reduce_add_ps does; the rest added in order. Attention is where a last
- * bit decides later roundings (the f16 sum, then q8 vectors), so the order matters for matching. */
-static float dot_qk(const float *q, const uint16_t *k, uint32_t n)
+/* llama.cpp's native x86 builds on CPUs with AVX512-FP16 do attention's f16 arithmetic in f16
+ * (32 lanes, every fused multiply-add and add rounded to f16) for the 128-element steps of a head,
+ * in f32 / f64 otherwise. llama.f16_arith says which of the two a model mimics (cpuid;
+ * FERRY_F16_ARITH = 0 or 1 overrides). */
+/* D rounded once to the nearest f16 (ties to even), as a float; beyond the range gives Inf. */
+static float f16_round(double d)
 {
-    float lane[4][16] = {{0}};
-    uint32_t np = n & ~63u;
-    for (uint32_t i = 0; i < np; i += 64)
-        for (int j = 0; j < 4; j++)
+    if (d == 0.0 || !isfinite(d))
+        return (float)d;
+    int e;
+    frexp(d, &e); /* |d| = m 2^e, m in [0.5, 1): the leading bit is 2^(e-1) */
+    int q = e - 1 < -14 ? -24 : e - 1 - 10; /* the f16 quantum at that magnitude */
+    double r = ldexp(nearbyint(ldexp(d, -q)), q);
+    return fabs(r) >= 65520.0 ? (float)copysign(INFINITY, d) : (float)r;
+}
+
+/* f16 operations on f16 values: the exact result rounded once (the product of two f16 values is
+ * exact in f64, and so is the sum of it and an f16 accumulator wherever that sum can round
+ * differently). */
+static float fma_h(float a, float b, float c) { return f16_round((double)a * b + c); }
+static float add_h(float a, float b) { return f16_round((double)a + b); }
+
+/* q . k for f16 K as ggml's f16 dot product in llama.cpp's AVX-512 builds. With f16 arithmetic:
+ * four 32-lane f16 accumulators over steps of 128 elements, combined pairwise and across lanes
+ * in f16 as _mm512_reduce_add_ph does, the rest added in f64. Without: four 16-lane f32 fma
+ * accumulators over steps of 64, combined as _mm512_reduce_add_ps does, the rest in f64.
+ * Attention is where a last bit decides later roundings (the f16 sum, then q8 vectors), so the
+ * order matters for matching. */
+static float dot_qk(int f16_arith, const float *q, const uint16_t *k, uint32_t n)
+{
+    double sum = 0.0;
+    uint32_t np;
+    if (f16_arith) {
+        float lane[4][32] = {{0}};
+        np = n & ~127u;
+        for (uint32_t i = 0; i < np; i += 128)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    lane[j][l] = fma_h(f16_to_f32(k[i + 32 * j + l]), q[i + 32 * j + l], lane[j][l]);
+        if (np) {
+            float x[32], t[16];
+            for (int l = 0; l < 32; l++)
+                x[l] = add_h(add_h(lane[0][l], lane[2][l]), add_h(lane[1][l], lane[3][l]));
             for (int l = 0; l < 16; l++)
-                lane[j][l] = fmaf(f16_to_f32(k[i + 16 * j + l]), q[i + 16 * j + l], lane[j][l]);
-    float x[16], t[8];
-    for (int l = 0; l < 16; l++)
-        x[l] = (lane[0][l] + lane[2][l]) + (lane[1][l] + lane[3][l]);
-    for (int l = 0; l < 8; l++)
-        t[l] = x[l] + x[l + 8];
-    for (int l = 0; l < 4; l++)
-        t[l] = t[l] + t[l + 4];
-    double sum = (t[0] + t[2]) + (t[1] + t[3]);
+                t[l] = add_h(x[l], x[l + 16]);
+            for (int l = 0; l < 8; l++)
+                t[l] = add_h(t[l], t[l + 8]);
+            for (int l = 0; l < 4; l++)
+                t[l] = add_h(t[l], t[l + 4]);
+            sum = add_h(add_h(t[0], t[2]), add_h(t[1], t[3]));
+        }
+    } else {
+        float lane[4][16] = {{0}};
+        np = n & ~63u;
+        for (uint32_t i = 0; i < np; i += 64)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 16; l++)
+                    lane[j][l] = fmaf(f16_to_f32(k[i + 16 * j + l]), q[i + 16 * j + l], lane[j][l]);
+        float x[16], t[8];
+        for (int l = 0; l < 16; l++)
+            x[l] = (lane[0][l] + lane[2][l]) + (lane[1][l] + lane[3][l]);
+        for (int l = 0; l < 8; l++)
+            t[l] = x[l] + x[l + 8];
+        for (int l = 0; l < 4; l++)
+            t[l] = t[l] + t[l + 4];
+        sum = (t[0] + t[2]) + (t[1] + t[3]);
+    }
     for (uint32_t i = np; i < n; i++)
         sum += (double)(f16_to_f32(k[i]) * q[i]);
     return (float)sum;
+}
+
+/* out = f16(out * s) and out = f16(out + v * s) over a head's N elements, V f16: as ggml's
+ * ggml_vec_scale_f16 / ggml_vec_mad_f16, whose 128-element steps, with f16 arithmetic, take S
+ * rounded to f16 and round the product once; the rest is computed in f32 (a fused multiply-add
+ * for mad). */
+static void scale_h(int f16_arith, float *out, float s, uint32_t n)
+{
+    uint32_t np = f16_arith ? n & ~127u : 0;
+    float sh = round_f16(s);
+    for (uint32_t i = 0; i < np; i++)
+        out[i] = f16_round((double)out[i] * sh);
+    for (uint32_t i = np; i < n; i++)
+        out[i] = round_f16(out[i] * s);
+}
+
+static void mad_h(int f16_arith, float *out, const uint16_t *v, float s, uint32_t n)
+{
+    uint32_t np = f16_arith ? n & ~127u : 0;
+    float sh = round_f16(s);
+    for (uint32_t i = 0; i < np; i++)
+        out[i] = fma_h(f16_to_f32(v[i]), sh, out[i]);
+    for (uint32_t i = np; i < n; i++)
+        out[i] = round_f16(fmaf(f16_to_f32(v[i]), s, out[i]));
 }
 
 /* e^x as ggml's vector code computes it in llama.cpp's x86 builds (the polynomial of ARM's
@@ -712,8 +805,8 @@ static void rope(const llama_config *c, float *v, uint32_t n_heads, uint32_t pos
         for (uint32_t i = 0; i < c->rope_dim; i += 2) {
             float cs = cosf(theta), sn = sinf(theta);
             float x0 = p[i], x1 = p[i + 1];
-            p[i] = x0 * cs - x1 * sn;
-            p[i + 1] = x0 * sn + x1 * cs;
+            p[i] = fmaf(x0, cs, -(x1 * sn));
+            p[i + 1] = fmaf(x1, cs, x0 * sn);
             theta *= theta_scale;
         }
     }
@@ -748,19 +841,17 @@ static void attention_work(void *arg, int ith, int nth)
         for (uint32_t t = 0; t < n; t++) {
             const uint16_t *k = kc + (uint64_t)t * c->kv_dim + kv_off;
             const uint16_t *v = vc + (uint64_t)t * c->kv_dim + kv_off;
-            float s = dot_qk(q, k, hd) * scale;
+            float s = dot_qk(m->f16_arith, q, k, hd) * scale;
             float ms = 1.0f, vs = 1.0f;
             if (s > max) { /* a new maximum: what was summed shrinks by exp(old - new) */
                 ms = expf(max - s);
                 max = s;
-                for (uint32_t i = 0; i < hd; i++)
-                    out[i] = round_f16(out[i] * ms);
+                scale_h(m->f16_arith, out, ms, hd);
             } else {
                 vs = expf(s - max);
             }
-            for (uint32_t i = 0; i < hd; i++)
-                out[i] = round_f16(out[i] + f16_to_f32(v[i]) * vs);
-            sum = sum * ms + vs;
+            mad_h(m->f16_arith, out, v, vs, hd);
+            sum = fmaf(sum, ms, vs);
         }
         float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         for (uint32_t i = 0; i < hd; i++)

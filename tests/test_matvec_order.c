@@ -1,11 +1,11 @@
 /*
  * test_matvec_order.c — ferry_matvec_q gives llama.cpp's bits, not only its values: the float
- * sums of q4_0 and q4_K rows follow its repacked x86 kernels (per block the exact integer sum
- * times the f32 product of the two scales, one fma per block into one accumulator; q4_K keeps a
- * second accumulator for the min terms), on the portable and the AVX2 path; with AVX2, q6_K rows
- * follow its AVX2 kernel's eight lanes (the -32 offset taken off per lane as 32 * the scaled sums
- * of pairs of 16-element groups, then one fma per block and lane, lanes summed pairwise). The
- * expected values are computed here from the GGUF block layouts, element by element.
+ * sums of q8_0, q4_0, q4_K and q6_K rows follow its x86 kernels for AVX-512 VNNI / AMX-INT8 CPUs
+ * (and its repacked q4_0 kernel): per block (super-block for the k-quants) the exact integer sum
+ * times the f32 product of the weight's and the vector's scales, one fma per block into one
+ * accumulator, blocks in order; q4_K's min term a second fma per block, subtracting, into the
+ * same accumulator. On the portable and the AVX2 path alike. The expected values are computed
+ * here from the GGUF block layouts, element by element.
  */
 #include <math.h>
 #include <string.h>
@@ -43,18 +43,12 @@ static void k4_sm(const uint8_t *s, int j, int *sc, int *m)
     }
 }
 
-/* the prepared q8_K vector: float d, 256 int8, 16 int16 sums per block */
+/* the prepared q8_K vector: float d, 256 int8, 16 int16 sums per block; the scale */
 static float q8k_d(const uint8_t *b)
 {
     float d;
     memcpy(&d, b, 4);
     return d;
-}
-static int q8k_bsum(const uint8_t *b, int g)
-{
-    int16_t v;
-    memcpy(&v, b + 4 + 256 + 2 * g, 2);
-    return v;
 }
 
 static float want_q4_0(const uint8_t *w, const uint8_t *xq, uint64_t n)
@@ -70,9 +64,22 @@ static float want_q4_0(const uint8_t *w, const uint8_t *xq, uint64_t n)
     return acc;
 }
 
+static float want_q8_0(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < n / 32; b++, w += 34, xq += 34) {
+        const int8_t *a = (const int8_t *)(w + 2), *x = (const int8_t *)(xq + 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++)
+            isum += a[j] * x[j];
+        acc = fmaf((float)isum, f16_at(w) * f16_at(xq), acc);
+    }
+    return acc;
+}
+
 static float want_q4_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    float acc = 0.0f, macc = 0.0f;
+    float acc = 0.0f;
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += 4 + 256 + 32) {
         const int8_t *x = (const int8_t *)(xq + 4);
         int32_t isum = 0, imin = 0;
@@ -89,33 +96,29 @@ static float want_q4_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
         }
         float dx = q8k_d(xq);
         acc = fmaf((float)isum, f16_at(w) * dx, acc);
-        macc = fmaf((float)imin, f16_at(w + 2) * dx, macc);
+        acc = fmaf(-(float)imin, f16_at(w + 2) * dx, acc);
     }
-    return acc - macc;
+    return acc;
 }
 
-static float want_q6_k_lanes(const uint8_t *w, const uint8_t *xq, uint64_t n)
+static float want_q6_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    float a[8] = {0};
+    float acc = 0.0f;
     for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += 4 + 256 + 32) {
         const int8_t *x = (const int8_t *)(xq + 4), *sc = (const int8_t *)(w + 192);
-        int32_t lane[8] = {0};
+        int32_t isum = 0;
         for (int e = 0; e < 256; e++) {
             int h = e / 128, r = e % 128, g = r / 32, l = r % 32;
             uint8_t lo = w[64 * h + l + 32 * (g & 1)];
             int q = ((g & 2) ? lo >> 4 : lo & 15) | (((w[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
-            lane[l / 4] += sc[e / 16] * q * x[e];
+            isum += sc[e / 16] * (q - 32) * x[e];
         }
-        float d = q8k_d(xq) * f16_at(w + 208);
-        for (int L = 0; L < 8; L++) {
-            lane[L] -= 32 * (q8k_bsum(xq, 2 * L) * sc[2 * L] + q8k_bsum(xq, 2 * L + 1) * sc[2 * L + 1]);
-            a[L] = fmaf((float)lane[L], d, a[L]);
-        }
+        acc = fmaf((float)isum, f16_at(w + 208) * q8k_d(xq), acc);
     }
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    return acc;
 }
 
-/* ROWS random rows of type T: q4_0 quantized from floats, the k-quants random bytes with
+/* ROWS random rows of type T: q8_0 and q4_0 quantized from floats, the k-quants random bytes with
  * weight-sized f16 scales. */
 static void fill(ferry_dtype t, uint8_t *w, uint64_t rows, uint64_t n, float *tmp)
 {
@@ -123,7 +126,7 @@ static void fill(ferry_dtype t, uint8_t *w, uint64_t rows, uint64_t n, float *tm
     CHECK_EQ_INT(ferry_dtype_nbytes(t, n, &rb), 0);
     for (uint64_t r = 0; r < rows; r++) {
         uint8_t *p = w + r * rb;
-        if (t == FERRY_DTYPE_Q4_0) {
+        if (t == FERRY_DTYPE_Q4_0 || t == FERRY_DTYPE_Q8_0) {
             for (uint64_t i = 0; i < n; i++)
                 tmp[i] = 0.02f * frand();
             CHECK_EQ_INT(ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t, p, n), 0);
@@ -147,8 +150,9 @@ static void fill(ferry_dtype t, uint8_t *w, uint64_t rows, uint64_t n, float *tm
 int main(void)
 {
     enum { ROWS = 64, N = 2048 };
-    static const ferry_dtype types[] = {FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K, FERRY_DTYPE_Q6_K};
-    static uint8_t w[ROWS * N], xq[N * 2];
+    static const ferry_dtype types[] = {FERRY_DTYPE_Q8_0, FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K,
+                                        FERRY_DTYPE_Q6_K};
+    static uint8_t w[ROWS * (N / 32) * 34], xq[N * 2]; /* q8_0 is the widest row */
     static float x[N], tmp[N], y[ROWS];
     int avx2 = ferry__dtype_use_avx2();
     for (uint64_t i = 0; i < N; i++)
@@ -161,16 +165,15 @@ int main(void)
         CHECK_EQ_INT(ferry_matvec_vec_quantize(t, x, N, xq), 0);
         for (int isa = 0; isa < 2; isa++) {
             int generic = isa == 1 || !avx2;
-            if (t == FERRY_DTYPE_Q6_K && generic)
-                continue; /* the lane order is that of the AVX2 kernel */
             ferry__dtype_force_generic(generic);
             CHECK_EQ_INT(ferry_matvec_q(t, w, ROWS, N, xq, y), 0);
             int bad = 0;
             for (int r = 0; r < ROWS; r++) {
                 const uint8_t *row = w + r * rb;
-                float want = t == FERRY_DTYPE_Q4_0   ? want_q4_0(row, xq, N)
+                float want = t == FERRY_DTYPE_Q8_0   ? want_q8_0(row, xq, N)
+                             : t == FERRY_DTYPE_Q4_0 ? want_q4_0(row, xq, N)
                              : t == FERRY_DTYPE_Q4_K ? want_q4_k(row, xq, N)
-                                                     : want_q6_k_lanes(row, xq, N);
+                                                     : want_q6_k(row, xq, N);
                 if (memcmp(&want, &y[r], sizeof want) != 0) {
                     if (!bad)
                         fprintf(stderr, "%s row %d (%s): %.9g, expected %.9g\n",

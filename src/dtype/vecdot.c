@@ -3,9 +3,12 @@
  * (ferry_matvec_q in ferry.h): the vector is first rounded to the type the weight's dot product
  * takes — q8_0 blocks for q4_0 / q8_0 weights, q8_K blocks for q4_K / q6_K, f16 or bf16 precision
  * for f16 / bf16 weights — and quantized weights then meet it in integer dot products. Sums within
- * a block are exact integers, so the portable and the AVX2 kernels differ only in the order of
- * the float sums over blocks — except q4_0 and q4_K, which both sum in the order of llama.cpp's
- * repacked x86 kernels (one fma per block), the same bits on every machine.
+ * a block are exact integers, and every kernel sums them over blocks in one order: per block (a
+ * k-quant's super-block) the exact integer sum meets the f32 product of the weight's and the
+ * vector's scales in one fma into a single accumulator, blocks in order (q4_K's min term a second
+ * fma, subtracting, into the same accumulator). That is the order of llama.cpp's x86 kernels for
+ * CPUs with AVX-512 VNNI and AMX-INT8 (which its native builds use for q4_0, q8_0, q4_K and q6_K
+ * weights) and of its repacked q4_0 kernel; the portable and the AVX2 path give the same bits.
  *
  * The activation quantizers follow llama.cpp's x86 code: q8_0 with d = amax / 127 and
  * q = round-half-even(x * (127 / amax)); q8_K (float d, 256 int8, 16 int16 block sums) with
@@ -139,7 +142,7 @@ static float q8_0_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
         int32_t sum = 0;
         for (int j = 0; j < 32; j++)
             sum += a[j] * c[j];
-        s += (float)sum * (ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)));
+        s = fmaf((float)sum, ferry__h2f(ferry__ld16(w)) * ferry__h2f(ferry__ld16(xq)), s);
     }
     return s;
 }
@@ -173,7 +176,7 @@ static int16_t q8k_bsum(const uint8_t *xq, int g)
 
 static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    float s = 0.0f, mins = 0.0f;
+    float s = 0.0f;
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
         const int8_t *q8 = (const int8_t *)(xq + 4);
         const uint8_t *q4 = w + 16;
@@ -192,9 +195,9 @@ static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
         float d = ferry__h2f(ferry__ld16(w)) * q8k_d(xq);
         float dmin = ferry__h2f(ferry__ld16(w + 2)) * q8k_d(xq);
         s = fmaf((float)sumi, d, s);
-        mins = fmaf((float)summs, dmin, mins);
+        s = fmaf(-(float)summs, dmin, s);
     }
-    return s - mins;
+    return s;
 }
 
 static float q6_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
@@ -218,7 +221,7 @@ static float q6_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
                 }
             }
         }
-        s += ferry__h2f(ferry__ld16(w + 208)) * q8k_d(xq) * (float)sumi;
+        s = fmaf((float)sumi, ferry__h2f(ferry__ld16(w + 208)) * q8k_d(xq), s);
     }
     return s;
 }
@@ -226,32 +229,27 @@ static float q6_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
 /* ---- AVX2 kernels -------------------------------------------------------------------------- */
 
 #ifdef VD_X86
-/* Eight int32 sums of the products of pairs of the signed bytes A and B, as floats. */
-VD_AVX2 static inline __m256 mul_sum_i8(__m256i a, __m256i b)
+/* The exact integer sum of the eight int32 lanes of V. */
+VD_AVX2 static inline int32_t hsum_i32(__m256i v)
 {
-    __m256i ax = _mm256_sign_epi8(a, a), sb = _mm256_sign_epi8(b, a);
-    __m256i p = _mm256_maddubs_epi16(ax, sb);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
-VD_AVX2 static inline float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
 }
 
 VD_AVX2 static float q8_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    float s = 0.0f;
     for (uint64_t b = 0; b < n / 32; b++, w += 34, xq += 34) {
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq)));
+        float d = _cvtsh_ss(ferry__ld16(w)) * _cvtsh_ss(ferry__ld16(xq));
         __m256i a = _mm256_loadu_si256((const __m256i *)(w + 2));
         __m256i c = _mm256_loadu_si256((const __m256i *)(xq + 2));
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(a, c), acc);
+        __m256i ax = _mm256_sign_epi8(a, a), sc = _mm256_sign_epi8(c, a);
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sc), _mm256_set1_epi16(1));
+        s = fmaf((float)hsum_i32(p), d, s);
     }
-    return hsum(acc);
+    return s;
 }
 
 /* The order of llama.cpp's repacked q4_0 kernel (q4_0_8x8, which its x86 CPU back end uses for
@@ -270,10 +268,7 @@ VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
         __m256i c = _mm256_loadu_si256((const __m256i *)(xq + 2));
         __m256i ax = _mm256_sign_epi8(a, a), sc = _mm256_sign_epi8(c, a);
         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sc), _mm256_set1_epi16(1));
-        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        s = fmaf((float)_mm_cvtsi128_si32(h), d, s);
+        s = fmaf((float)hsum_i32(p), d, s);
     }
     return s;
 }
@@ -283,7 +278,7 @@ VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
  * meeting its f32 scale in one fma into its own accumulator. */
 VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    float acc = 0.0f, mins = 0.0f;
+    float acc = 0.0f;
     const __m256i m4 = _mm256_set1_epi8(15);
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
         const uint8_t *q8 = xq + 4;
@@ -303,19 +298,16 @@ VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
             __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16((short)sc2));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
         float dx = q8k_d(xq);
-        acc = fmaf((float)_mm_cvtsi128_si32(h), _cvtsh_ss(ferry__ld16(w)) * dx, acc);
-        mins = fmaf((float)summs, _cvtsh_ss(ferry__ld16(w + 2)) * dx, mins);
+        acc = fmaf((float)hsum_i32(sumi), _cvtsh_ss(ferry__ld16(w)) * dx, acc);
+        acc = fmaf(-(float)summs, _cvtsh_ss(ferry__ld16(w + 2)) * dx, acc);
     }
-    return acc - mins;
+    return acc;
 }
 
 VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
         const uint8_t *q8 = xq + 4;
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -331,15 +323,13 @@ VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
-        /* (q - 32) . x = q . x - 32 * (bsum . scale), the correction spread over the lanes in
-         * pairs of 16-element groups as llama.cpp does: the lanes' float roundings then agree */
+        /* (q - 32) . x = q . x - 32 * (bsum . scale) */
         __m256i bs = _mm256_loadu_si256((const __m256i *)(xq + 4 + 256));
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        acc = fmaf((float)hsum_i32(sumi), _cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq), acc);
     }
-    return hsum(acc);
+    return acc;
 }
 #endif
 
