@@ -806,7 +806,7 @@ static void rope(const llama_config *c, float *v, uint32_t n_heads, uint32_t pos
             float cs = cosf(theta), sn = sinf(theta);
             float x0 = p[i], x1 = p[i + 1];
             p[i] = fmaf(x0, cs, -(x1 * sn));
-            p[i + 1] = fmaf(x1, cs, x0 * sn);
+            p[i + 1] = fmaf(x0, sn, x1 * cs);
             theta *= theta_scale;
         }
     }
