@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama_compare.sh — `ferry generate` against llama.cpp on the same files: for dense,
-# grouped-query and tied-output llama models written with llama.cpp's gguf-py (random N(0, 0.02)
-# weights, the SentencePiece vocabulary of models/ggml-vocab-llama-spm.gguf), in f16, q8_0, q4_0
+# grouped-query, tied-output and 128-wide-head llama models written with llama.cpp's gguf-py
+# (random N(0, 0.02) weights, the SentencePiece vocabulary of models/ggml-vocab-llama-spm.gguf), in f16, q8_0, q4_0
 # and Q4_K_M (llama-quantize), for a `ferry gen` model, and for a Mixtral-style mixture of
 # experts (8 experts, 2 used, router N(0, 1)) in f16 and q8_0: every evaluated position's logits
 # (relative L2 error) and 16 greedy tokens. Needs the reference of shared/reference/build.sh.
@@ -22,10 +22,11 @@ mkdir -p "$work"
 [ -f "$work/gqa.f16.gguf" ] || $py "$here/llama_ref_models.py" "$vocab" "$work/gqa.f16.gguf" --kv-heads 2 --seed 1
 [ -f "$work/dense.f16.gguf" ] || $py "$here/llama_ref_models.py" "$vocab" "$work/dense.f16.gguf" --seed 2
 [ -f "$work/tied.f16.gguf" ] || $py "$here/llama_ref_models.py" "$vocab" "$work/tied.f16.gguf" --kv-heads 4 --tied --seed 3
+[ -f "$work/hd128.f16.gguf" ] || $py "$here/llama_ref_models.py" "$vocab" "$work/hd128.f16.gguf" --dim 512 --heads 4 --seed 5
 [ -f "$work/gen.f16.gguf" ] || "$cli" gen -q -o "$work/gen.f16.gguf" --layers 4 --dim 512 --ff 1536 --vocab 4096 --heads 8 --kv-heads 2
 [ -f "$work/moe.f16.gguf" ] || $py "$here/llama_ref_models.py" "$vocab" "$work/moe.f16.gguf" --dim 256 --ff 512 --kv-heads 2 --experts 8 --experts-used 2 --seed 4
 status=0
-for shape in gqa dense tied gen moe; do
+for shape in gqa dense tied hd128 gen moe; do
   quants="f16 q8_0 q4_0 Q4_K_M"
   [ $shape = moe ] && quants="f16 q8_0"
   for q in $quants; do
