@@ -196,10 +196,12 @@ FERRY_API uint64_t ferry_matvec_vec_bytes(ferry_dtype t, uint64_t cols);
  * bytes, any alignment). FERRY_EDTYPE, FERRY_ESHAPE (a partial block) or FERRY_EINVAL. */
 FERRY_API int ferry_matvec_vec_quantize(ferry_dtype t, const float *x, uint64_t cols, void *out);
 /* y[r] = W[r] . XQ for ROWS rows of COLS elements of type T at W, XQ from
- * ferry_matvec_vec_quantize(T, ..., COLS, ...). Errors as ferry_matvec. For q4_0 and q4_K the
- * float sum is that of llama.cpp's repacked x86 kernels, on every machine: per block its exact
- * integer sum (for q4_K, also that of the min terms) meets the f32 product of the two scales in
- * one fma into a row accumulator (q4_K: acc - min_acc at the end). */
+ * ferry_matvec_vec_quantize(T, ..., COLS, ...). Errors as ferry_matvec. For q8_0, q4_0, q4_K and
+ * q6_K the float sum is that of llama.cpp's x86 kernels for AVX-512 VNNI / AMX-INT8 CPUs (and of
+ * its repacked q4_0 kernel), on every machine: per block (super-block) its exact integer sum
+ * meets the f32 product of the weight's and the vector's scales in one fma into one row
+ * accumulator, blocks in order; q4_K's min term is a second fma per super-block, subtracting,
+ * into the same accumulator. */
 FERRY_API int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
                              const void *xq, float *y);
 
