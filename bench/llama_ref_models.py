@@ -6,11 +6,13 @@ Random N(0, 0.02) weights, RMSNorm weights of one, the SentencePiece vocabulary 
 metadata) copied from llama.cpp's models/ggml-vocab-llama-spm.gguf. f32 or f16 weights; the other
 types come from llama-quantize. --experts N --experts-used K writes a Mixtral-style model: the
 router ffn_gate_inp N(0, 1) in f32 (as llama.cpp's converter keeps it; routing is then
-decisive), ffn_{gate,up,down}_exps N(0, 0.02) stacked over the experts.
+decisive), ffn_{gate,up,down}_exps N(0, 0.02) stacked over the experts. --arch qwen3moe writes
+a Qwen3-MoE model (needs --experts): attn_q_norm / attn_k_norm N(1, 0.1) over each head of
+--head-dim (default dim / heads), the experts --ff wide (expert_feed_forward_length).
 
     PYTHONPATH=LLAMA_CPP/gguf-py /usr/bin/python3 llama_ref_models.py VOCAB.gguf OUT.gguf \
         [--dim D] [--ff F] [--layers L] [--heads H] [--kv-heads K] [--tied] [--f32] [--seed S] \
-        [--experts N --experts-used K]
+        [--experts N --experts-used K] [--arch llama|qwen3moe] [--head-dim HD]
 """
 import argparse
 
@@ -33,9 +35,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--experts", type=int, default=0)
     ap.add_argument("--experts-used", type=int, default=2)
+    ap.add_argument("--arch", choices=("llama", "qwen3moe"), default="llama")
+    ap.add_argument("--head-dim", type=int, default=0)
     a = ap.parse_args()
+    if a.arch == "qwen3moe" and not a.experts:
+        ap.error("--arch qwen3moe needs --experts")
     kvh = a.kv_heads or a.heads
-    hd = a.dim // a.heads
+    hd = a.head_dim or a.dim // a.heads
     rng = np.random.default_rng(a.seed)
     vt = np.float32 if a.f32 else np.float16
 
@@ -46,7 +52,7 @@ def main():
     types = list(r.fields["tokenizer.ggml.token_type"].contents())
     n_vocab = len(tokens)
 
-    w = gguf.GGUFWriter(a.out, "llama")
+    w = gguf.GGUFWriter(a.out, a.arch)
     w.add_name("ferry-ref")
     w.add_block_count(a.layers)
     w.add_context_length(2048)
@@ -55,11 +61,16 @@ def main():
     w.add_head_count(a.heads)
     w.add_head_count_kv(kvh)
     w.add_rope_dimension_count(hd)
+    if a.head_dim or a.arch == "qwen3moe":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_rope_freq_base(a.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     if a.experts:
         w.add_expert_count(a.experts)
         w.add_expert_used_count(a.experts_used)
+        if a.arch == "qwen3moe":
+            w.add_expert_feed_forward_length(a.ff)
     w.add_file_type(0 if a.f32 else 1)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("llama")
@@ -87,6 +98,10 @@ def main():
         mat(p + "attn_k.weight", kvh * hd, a.dim)
         mat(p + "attn_v.weight", kvh * hd, a.dim)
         mat(p + "attn_output.weight", a.dim, a.heads * hd)
+        if a.arch == "qwen3moe":
+            for part in ("q", "k"):
+                w.add_tensor(p + "attn_%s_norm.weight" % part,
+                             rng.normal(1, 0.1, size=hd).astype(np.float32))
         norm(p + "ffn_norm.weight", a.dim)
         if a.experts:
             w.add_tensor(p + "ffn_gate_inp.weight",

@@ -30,6 +30,8 @@ typedef struct layer_weights {
     ferry_tensor *wk;        /* (kv_dim, dim)  kv_dim = n_head_kv * head_dim */
     ferry_tensor *wv;        /* (kv_dim, dim) */
     ferry_tensor *wo;        /* (dim, q_dim) */
+    ferry_tensor *q_norm;    /* (head_dim) qwen3moe: each head of Q's RMSNorm weight */
+    ferry_tensor *k_norm;    /* (head_dim) and K's */
     ferry_tensor *ffn_norm;  /* (dim) */
     ferry_tensor *w_gate;    /* (ff, dim) */
     ferry_tensor *w_up;      /* (ff, dim) */
@@ -44,7 +46,7 @@ typedef struct layer_weights {
 } layer_weights;
 /* the most tensors layer_list gives: a mixture-of-experts layer's own (without its experts)
  * and the next layer's router and ffn_norm, which predict_experts reads */
-#define LAYER_TENSORS 10
+#define LAYER_TENSORS 12
 
 /* The three tensors of each expert: W_gate, W_up, W_down. */
 enum { EXP_GATE, EXP_UP, EXP_DOWN, EXP_KINDS };
@@ -138,21 +140,26 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
     const ferry_catalog *cat = ferry_catalog_of(f);
     memset(c, 0, sizeof *c);
     const char *arch = NULL;
-    if (ferry_catalog_get_str(cat, "general.architecture", &arch) || strcmp(arch, "llama") != 0) {
-        say(err, errlen, "general.architecture is %s%s%s, not llama", arch ? "'" : "",
-            arch ? arch : "missing", arch ? "'" : "");
+    if (ferry_catalog_get_str(cat, "general.architecture", &arch) ||
+        (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen3moe") != 0)) {
+        say(err, errlen, "general.architecture is %s%s%s, not llama or qwen3moe",
+            arch ? "'" : "", arch ? arch : "missing", arch ? "'" : "");
         return FERRY_EUNSUPPORTED;
     }
+    c->arch = strcmp(arch, "llama") == 0 ? LLAMA_ARCH_LLAMA : LLAMA_ARCH_QWEN3MOE;
+    c->qk_norm = c->rope_neox = c->arch == LLAMA_ARCH_QWEN3MOE;
+    char k[96]; /* ARCH.key */
+#define KEY(name) (snprintf(k, sizeof k, "%s.%s", arch, name), k)
     int rc = 0;
-    rc = rc ? rc : meta_u32(cat, "llama.block_count", 0, 1, &c->n_layer, err, errlen);
-    rc = rc ? rc : meta_u32(cat, "llama.embedding_length", 0, 1, &c->dim, err, errlen);
-    rc = rc ? rc : meta_u32(cat, "llama.feed_forward_length", 0, 1, &c->ff, err, errlen);
-    rc = rc ? rc : meta_u32(cat, "llama.attention.head_count", 0, 1, &c->n_head, err, errlen);
+    rc = rc ? rc : meta_u32(cat, KEY("block_count"), 0, 1, &c->n_layer, err, errlen);
+    rc = rc ? rc : meta_u32(cat, KEY("embedding_length"), 0, 1, &c->dim, err, errlen);
+    rc = rc ? rc : meta_u32(cat, KEY("feed_forward_length"), 0, 1, &c->ff, err, errlen);
+    rc = rc ? rc : meta_u32(cat, KEY("attention.head_count"), 0, 1, &c->n_head, err, errlen);
     if (rc)
         return rc;
-    rc = meta_u32(cat, "llama.attention.head_count_kv", c->n_head, 0, &c->n_head_kv, err, errlen);
+    rc = meta_u32(cat, KEY("attention.head_count_kv"), c->n_head, 0, &c->n_head_kv, err, errlen);
     rc = rc ? rc
-            : meta_u32(cat, "llama.attention.key_length", c->dim / c->n_head, 0, &c->head_dim,
+            : meta_u32(cat, KEY("attention.key_length"), c->dim / c->n_head, 0, &c->head_dim,
                        err, errlen);
     if (rc)
         return rc;
@@ -161,19 +168,19 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
             c->n_head, c->n_head_kv, c->head_dim);
         return FERRY_EFORMAT;
     }
-    rc = meta_u32(cat, "llama.rope.dimension_count", c->head_dim, 0, &c->rope_dim, err, errlen);
+    rc = meta_u32(cat, KEY("rope.dimension_count"), c->head_dim, 0, &c->rope_dim, err, errlen);
     if (rc)
         return rc;
     if (c->rope_dim > c->head_dim || c->rope_dim % 2 != 0) {
-        say(err, errlen, "llama.rope.dimension_count %u does not fit head size %u", c->rope_dim,
+        say(err, errlen, "%s.rope.dimension_count %u does not fit head size %u", arch, c->rope_dim,
             c->head_dim);
         return FERRY_EFORMAT;
     }
     double base = 10000.0, eps = 1e-5;
-    if (ferry_catalog_get_f64(cat, "llama.rope.freq_base", &base) == FERRY_ETYPE ||
-        ferry_catalog_get_f64(cat, "llama.attention.layer_norm_rms_epsilon", &eps) ==
+    if (ferry_catalog_get_f64(cat, KEY("rope.freq_base"), &base) == FERRY_ETYPE ||
+        ferry_catalog_get_f64(cat, KEY("attention.layer_norm_rms_epsilon"), &eps) ==
             FERRY_ETYPE) {
-        say(err, errlen, "llama.rope.freq_base or layer_norm_rms_epsilon is not a number");
+        say(err, errlen, "%s.rope.freq_base or layer_norm_rms_epsilon is not a number", arch);
         return FERRY_EFORMAT;
     }
     if (!(base > 0) || !(eps >= 0) || !(eps < 1)) {
@@ -183,7 +190,7 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
     c->rope_base = (float)base;
     c->eps = (float)eps;
     uint64_t ctx = 0;
-    if (ferry_catalog_get_u64(cat, "llama.context_length", &ctx) == 0 && ctx <= UINT32_MAX)
+    if (ferry_catalog_get_u64(cat, KEY("context_length"), &ctx) == 0 && ctx <= UINT32_MAX)
         c->ctx_train = (uint32_t)ctx;
     c->q_dim = c->n_head * c->head_dim;
     c->kv_dim = c->n_head_kv * c->head_dim;
@@ -199,21 +206,26 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
     }
     c->vocab = (uint32_t)ti.shape[1];
     c->tied_output = ferry_catalog_find(cat, "output.weight") < 0;
-    rc = meta_u32(cat, "llama.expert_count", 0, 0, &c->n_expert, err, errlen);
+    rc = meta_u32(cat, KEY("expert_count"), 0, c->arch == LLAMA_ARCH_QWEN3MOE, &c->n_expert, err,
+                  errlen);
     if (rc)
         return rc;
     if (c->n_expert) {
-        rc = meta_u32(cat, "llama.expert_used_count", 0, 1, &c->n_expert_used, err, errlen);
+        rc = meta_u32(cat, KEY("expert_used_count"), 0, 1, &c->n_expert_used, err, errlen);
         if (rc)
             return rc;
         if (c->n_expert > LLAMA_MAX_EXPERTS || c->n_expert_used > c->n_expert) {
-            say(err, errlen, "llama.expert_count %u, expert_used_count %u: at most %u experts, "
-                "and no more used than there are", c->n_expert, c->n_expert_used,
+            say(err, errlen, "%s.expert_count %u, expert_used_count %u: at most %u experts, "
+                "and no more used than there are", arch, c->n_expert, c->n_expert_used,
                 LLAMA_MAX_EXPERTS);
             return FERRY_EFORMAT;
         }
     }
-    return 0;
+    if (c->arch == LLAMA_ARCH_QWEN3MOE) /* the experts' width; the dense one is unused */
+        rc = meta_u32(cat, KEY("expert_feed_forward_length"), c->ff / c->n_expert_used, 0, &c->ff,
+                      err, errlen);
+#undef KEY
+    return rc;
 }
 
 uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads)
@@ -281,6 +293,10 @@ static int find_weights(llama *m, char *err, size_t errlen)
         W(wk, "attn_k", c->dim, c->kv_dim);
         W(wv, "attn_v", c->dim, c->kv_dim);
         W(wo, "attn_output", c->q_dim, c->dim);
+        if (c->qk_norm) {
+            W(q_norm, "attn_q_norm", c->head_dim, 0);
+            W(k_norm, "attn_k_norm", c->head_dim, 0);
+        }
         W(ffn_norm, "ffn_norm", c->dim, 0);
         if (c->n_expert) {
             W(router, "ffn_gate_inp", c->dim, c->n_expert);
@@ -773,11 +789,10 @@ static int embed(llama *m, uint32_t token, char *err, size_t errlen)
     return rc;
 }
 
-/* out = x / rms(x) * weight, weight (n) f32 (GGUF keeps norms in f32). */
-static int rmsnorm(llama *m, float *out, const float *x, ferry_tensor *weight, char *err,
-                   size_t errlen)
+/* out = x / rms(x) * weight over N elements, weight (n) f32 (GGUF keeps norms in f32). */
+static int rmsnorm_n(llama *m, float *out, const float *x, uint32_t n, ferry_tensor *weight,
+                     char *err, size_t errlen)
 {
-    uint32_t n = m->c.dim;
     const float *w = ferry_tensor_data(weight);
     if (ferry_tensor_dtype(weight) != FERRY_DTYPE_F32 || !w) {
         say(err, errlen, "norm weight of type %s: only f32 norms are read",
@@ -794,19 +809,41 @@ static int rmsnorm(llama *m, float *out, const float *x, ferry_tensor *weight, c
     return 0;
 }
 
-/* Rotates the first rope_dim elements of each head of V (n_heads heads) by position POS, in
- * adjacent pairs (llama.cpp's normal mode): pair i turns by pos * base^(-2i / rope_dim). */
+/* The model-wide RMSNorm: over dim elements. */
+static int rmsnorm(llama *m, float *out, const float *x, ferry_tensor *weight, char *err,
+                   size_t errlen)
+{
+    return rmsnorm_n(m, out, x, m->c.dim, weight, err, errlen);
+}
+
+/* RMSNorm of each of the N_HEADS heads of V in place (qwen3moe's attn_q_norm / attn_k_norm). */
+static int head_norm(llama *m, float *v, uint32_t n_heads, ferry_tensor *weight, char *err,
+                     size_t errlen)
+{
+    int rc = 0;
+    for (uint32_t h = 0; h < n_heads && !rc; h++) {
+        float *p = v + (uint64_t)h * m->c.head_dim;
+        rc = rmsnorm_n(m, p, p, m->c.head_dim, weight, err, errlen);
+    }
+    return rc;
+}
+
+/* Rotates the first rope_dim elements of each head of V (n_heads heads) by position POS: pair
+ * j turns by pos * base^(-2j / rope_dim), a pair being elements 2j and 2j + 1 (llama.cpp's
+ * normal mode) or j and j + rope_dim / 2 (NeoX). */
 static void rope(const llama_config *c, float *v, uint32_t n_heads, uint32_t pos)
 {
     float theta_scale = powf(c->rope_base, -2.0f / (float)c->rope_dim);
+    uint32_t half = c->rope_dim / 2;
     for (uint32_t h = 0; h < n_heads; h++) {
         float *p = v + (uint64_t)h * c->head_dim;
         float theta = (float)pos;
-        for (uint32_t i = 0; i < c->rope_dim; i += 2) {
+        for (uint32_t j = 0; j < half; j++) {
             float cs = cosf(theta), sn = sinf(theta);
-            float x0 = p[i], x1 = p[i + 1];
-            p[i] = fmaf(x0, cs, -(x1 * sn));
-            p[i + 1] = fmaf(x0, sn, x1 * cs);
+            uint32_t i0 = c->rope_neox ? j : 2 * j, i1 = c->rope_neox ? j + half : 2 * j + 1;
+            float x0 = p[i0], x1 = p[i1];
+            p[i0] = fmaf(x0, cs, -(x1 * sn));
+            p[i1] = fmaf(x0, sn, x1 * cs);
             theta *= theta_scale;
         }
     }
@@ -874,6 +911,9 @@ static int attention_block(llama *m, uint32_t l, uint32_t pos, char *err, size_t
         (rc = matvec_add(m, &j, w->wk, m->xb, k, err, errlen)) ||
         (rc = matvec_add(m, &j, w->wv, m->xb, v, err, errlen)) ||
         (rc = matvec_run(m, &j, ws, err, errlen)))
+        return rc;
+    if (c->qk_norm && ((rc = head_norm(m, m->q, c->n_head, w->q_norm, err, errlen)) ||
+                       (rc = head_norm(m, k, c->n_head_kv, w->k_norm, err, errlen))))
         return rc;
     rope(c, m->q, c->n_head, pos);
     rope(c, k, c->n_head_kv, pos);
@@ -1149,6 +1189,10 @@ static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
     ts[n++] = w->wk;
     ts[n++] = w->wv;
     ts[n++] = w->wo;
+    if (m->c.qk_norm) {
+        ts[n++] = w->q_norm;
+        ts[n++] = w->k_norm;
+    }
     ts[n++] = w->ffn_norm;
     if (!m->c.n_expert) {
         ts[n++] = w->w_gate;

@@ -10,7 +10,11 @@
  * norm and the output head (token_embd.weight when output.weight is absent). With
  * llama.expert_count (Mixtral) the feed-forward is a mixture of experts: softmax over the
  * router's logits, the top llama.expert_used_count experts, their weights renormalised to sum
- * to one, and the weighted sum of each chosen expert's SwiGLU.
+ * to one, and the weighted sum of each chosen expert's SwiGLU. general.architecture = "qwen3moe"
+ * (Qwen3-MoE, qwen3moe.* keys) is the same pass with heads of attention.key_length (Q and K
+ * wider or narrower than dim), an RMSNorm over each head of Q and K (attn_q_norm, attn_k_norm)
+ * before RoPE in NeoX mode (pairs j and j + rope_dim / 2), and experts of
+ * expert_feed_forward_length.
  */
 #ifndef FERRY_ENGINE_LLAMA_H
 #define FERRY_ENGINE_LLAMA_H
@@ -20,8 +24,18 @@
 
 #include <ferry.h>
 
-/* The hyperparameters, from the file's metadata (llama.*) and the embedding's shape. */
+/* The architectures the engine runs (general.architecture). */
+typedef enum llama_arch {
+    LLAMA_ARCH_LLAMA,    /* "llama", Mixtral-style experts when expert_count is set */
+    LLAMA_ARCH_QWEN3MOE, /* "qwen3moe": RMSNorm on each head of Q and K, NeoX RoPE, experts */
+} llama_arch;
+
+/* The hyperparameters, from the file's metadata (ARCH.*, ARCH llama or qwen3moe) and the
+ * embedding's shape. */
 typedef struct llama_config {
+    llama_arch arch;      /* general.architecture */
+    int qk_norm;          /* attn_q_norm / attn_k_norm: RMSNorm over each head of Q and K */
+    int rope_neox;        /* RoPE pairs i and i + rope_dim / 2 (NeoX), not adjacent pairs */
     uint32_t n_layer;     /* llama.block_count */
     uint32_t dim;         /* llama.embedding_length */
     uint32_t n_head;      /* llama.attention.head_count */
@@ -29,7 +43,8 @@ typedef struct llama_config {
     uint32_t head_dim;    /* llama.attention.key_length (default dim / n_head) */
     uint32_t kv_dim;      /* n_head_kv * head_dim */
     uint32_t q_dim;       /* n_head * head_dim */
-    uint32_t ff;          /* llama.feed_forward_length */
+    uint32_t ff;          /* llama.feed_forward_length; an expert's for qwen3moe
+                             (expert_feed_forward_length) */
     uint32_t vocab;       /* rows of token_embd.weight */
     uint32_t rope_dim;    /* llama.rope.dimension_count (default head_dim) */
     float rope_base;      /* llama.rope.freq_base (default 10000) */

@@ -185,7 +185,7 @@ FERRY_API int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t
 /* The same product computed the way llama.cpp's CPU back end computes it, for engines that must
  * match it (and for its speed on quantized weights): the vector is first prepared for weights of
  * type T with ferry_matvec_vec_quantize — quantized to q8_0 blocks for q4_0 and q8_0 weights, to
- * q8_K blocks (f32 scale, 256 int8, 16 int16 sums) for q4_K and q6_K, rounded to f16 or bf16
+ * q8_K blocks (f32 scale, 256 int8, 16 int16 sums) for q4_K, q5_K and q6_K, rounded to f16 or bf16
  * precision (kept as f32) for f16 and bf16 weights, copied for the others — and quantized
  * weights then meet it in integer dot products (exact within a block). Prepare once, then call
  * ferry_matvec_q on any number of row blocks. */
@@ -196,12 +196,12 @@ FERRY_API uint64_t ferry_matvec_vec_bytes(ferry_dtype t, uint64_t cols);
  * bytes, any alignment). FERRY_EDTYPE, FERRY_ESHAPE (a partial block) or FERRY_EINVAL. */
 FERRY_API int ferry_matvec_vec_quantize(ferry_dtype t, const float *x, uint64_t cols, void *out);
 /* y[r] = W[r] . XQ for ROWS rows of COLS elements of type T at W, XQ from
- * ferry_matvec_vec_quantize(T, ..., COLS, ...). Errors as ferry_matvec. For q8_0, q4_0, q4_K and
- * q6_K the float sum is that of llama.cpp's x86 kernels for AVX-512 VNNI / AMX-INT8 CPUs (and of
- * its repacked q4_0 kernel), on every machine: per block (super-block) its exact integer sum
- * meets the f32 product of the weight's and the vector's scales in one fma into one row
- * accumulator, blocks in order; q4_K's min term is a second fma per super-block, subtracting,
- * into the same accumulator. */
+ * ferry_matvec_vec_quantize(T, ..., COLS, ...). Errors as ferry_matvec. For q8_0, q4_0, q4_K,
+ * q5_K and q6_K the float sum is that of llama.cpp's x86 kernels for AVX-512 VNNI / AMX-INT8
+ * CPUs (and of its repacked q4_0 kernel), on every machine: per block (super-block) its exact
+ * integer sum meets the f32 product of the weight's and the vector's scales in one fma into one
+ * row accumulator, blocks in order; the min term of q4_K and q5_K is a second fma per
+ * super-block, subtracting, into the same accumulator. */
 FERRY_API int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
                              const void *xq, float *y);
 

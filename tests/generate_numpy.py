@@ -266,12 +266,15 @@ def encode(typ, x, rng):
 
 
 def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, vocab=512,
-               tied=False, rope_base=10000.0, eps=1e-5, seed=0, extra_meta=(), experts=None):
+               tied=False, rope_base=10000.0, eps=1e-5, seed=0, extra_meta=(), experts=None,
+               arch="llama", head_dim=0):
     """EXPERTS: (n_expert, n_used) for a Mixtral-style feed-forward: the router ffn_gate_inp
     N(0, 1) in f32 (routing is then decisive), ffn_{gate,up,down}_exps stacked over the experts
-    (n_expert the outermost dimension) in WTYPE."""
+    (n_expert the outermost dimension) in WTYPE. ARCH "qwen3moe" (with EXPERTS): heads of
+    HEAD_DIM (default dim / heads), attn_q_norm / attn_k_norm, experts FF wide."""
     rng = np.random.default_rng(seed)
-    kv = dim // heads * kv_heads
+    hd = head_dim or dim // heads
+    kv, qd = hd * kv_heads, hd * heads
     # Q4_K_M-like: attn_v, ffn_down and the output head in q6_K
     six = {"attn_v", "ffn_down", "output"} if wtype == T_Q4_K else set()
 
@@ -280,8 +283,8 @@ def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, voca
         x = rng.normal(0, 0.02, size=(rows, cols))
         return (name, typ, [cols, rows], encode(typ, x, rng))
 
-    def norm(name):
-        return (name, T_F32, [dim], encode(T_F32, 1 + rng.normal(0, 0.1, dim), rng))
+    def norm(name, n=dim):
+        return (name, T_F32, [n], encode(T_F32, 1 + rng.normal(0, 0.1, n), rng))
 
     def stacked(name, rows, cols):
         ne = experts[0]
@@ -301,23 +304,30 @@ def make_model(path, wtype, dim=256, ff=512, heads=4, kv_heads=4, layers=2, voca
     ts = [weight("token_embd.weight", vocab, dim)]
     for l in range(layers):
         p = "blk.%d." % l
-        ts += [norm(p + "attn_norm.weight"), weight(p + "attn_q.weight", dim, dim),
+        ts += [norm(p + "attn_norm.weight"), weight(p + "attn_q.weight", qd, dim),
                weight(p + "attn_k.weight", kv, dim), weight(p + "attn_v.weight", kv, dim),
-               weight(p + "attn_output.weight", dim, dim), norm(p + "ffn_norm.weight")] + ffn(p)
+               weight(p + "attn_output.weight", dim, qd)]
+        if arch == "qwen3moe":
+            ts += [norm(p + "attn_q_norm.weight", hd), norm(p + "attn_k_norm.weight", hd)]
+        ts += [norm(p + "ffn_norm.weight")] + ffn(p)
     ts.append(norm("output_norm.weight"))
     if not tied:
         ts.append(weight("output.weight", vocab, dim))
-    meta = [("general.architecture", V_STR, "llama"), ("general.alignment", V_U32, ALIGN),
-            ("llama.block_count", V_U32, layers), ("llama.context_length", V_U32, 256),
-            ("llama.embedding_length", V_U32, dim), ("llama.feed_forward_length", V_U32, ff),
-            ("llama.attention.head_count", V_U32, heads),
-            ("llama.attention.head_count_kv", V_U32, kv_heads),
-            ("llama.rope.dimension_count", V_U32, dim // heads),
-            ("llama.rope.freq_base", V_F32, rope_base),
-            ("llama.attention.layer_norm_rms_epsilon", V_F32, eps)] + list(extra_meta)
+    a = arch + "."
+    meta = [("general.architecture", V_STR, arch), ("general.alignment", V_U32, ALIGN),
+            (a + "block_count", V_U32, layers), (a + "context_length", V_U32, 256),
+            (a + "embedding_length", V_U32, dim), (a + "feed_forward_length", V_U32, ff),
+            (a + "attention.head_count", V_U32, heads),
+            (a + "attention.head_count_kv", V_U32, kv_heads),
+            (a + "attention.key_length", V_U32, hd),
+            (a + "rope.dimension_count", V_U32, hd),
+            (a + "rope.freq_base", V_F32, rope_base),
+            (a + "attention.layer_norm_rms_epsilon", V_F32, eps)] + list(extra_meta)
     if experts:
-        meta += [("llama.expert_count", V_U32, experts[0]),
-                 ("llama.expert_used_count", V_U32, experts[1])]
+        meta += [(a + "expert_count", V_U32, experts[0]),
+                 (a + "expert_used_count", V_U32, experts[1])]
+    if arch == "qwen3moe":
+        meta.append((a + "expert_feed_forward_length", V_U32, ff))
     write_gguf(path, meta, ts)
 
 
@@ -365,12 +375,14 @@ class Reference:
         # the type each product rounds its vector for: the file's, or the staged one
         self.types = {n: (staged if staged is not None else t[0]) for n, t in ts.items()}
         self.meta = meta
-        g = lambda k, d=None: meta.get("llama." + k, d)
+        arch = meta["general.architecture"]
+        self.qwen3 = arch == "qwen3moe"  # RMSNorm on each head of q and k, NeoX RoPE
+        g = lambda k, d=None: meta.get(arch + "." + k, d)
         self.n_layer = g("block_count")
         self.dim = g("embedding_length")
         self.n_head = g("attention.head_count")
         self.n_kv = g("attention.head_count_kv", self.n_head)
-        self.hd = self.dim // self.n_head
+        self.hd = g("attention.key_length", self.dim // self.n_head)
         self.rope_dim = g("rope.dimension_count", self.hd)
         self.base = g("rope.freq_base", 10000.0)
         self.eps = g("attention.layer_norm_rms_epsilon")
@@ -407,14 +419,22 @@ class Reference:
         return x / np.sqrt(np.mean(x * x) + self.eps) * w
 
     def rope(self, x, pos):
+        """Pair j (elements 2j and 2j + 1; NeoX: j and j + rope_dim / 2) of each head turned by
+        pos * base^(-2j / rope_dim)."""
         x = x.reshape(-1, self.hd).copy()
-        i = np.arange(0, self.rope_dim, 2)
-        theta = pos * self.base ** (-i / self.rope_dim)
+        j = np.arange(self.rope_dim // 2)
+        theta = pos * self.base ** (-2 * j / self.rope_dim)
         c, s = np.cos(theta), np.sin(theta)
-        x0, x1 = x[:, i].copy(), x[:, i + 1].copy()
-        x[:, i] = x0 * c - x1 * s
-        x[:, i + 1] = x0 * s + x1 * c
+        i0, i1 = (j, j + self.rope_dim // 2) if self.qwen3 else (2 * j, 2 * j + 1)
+        x0, x1 = x[:, i0].copy(), x[:, i1].copy()
+        x[:, i0] = x0 * c - x1 * s
+        x[:, i1] = x0 * s + x1 * c
         return x.reshape(-1)
+
+    def head_norm(self, x, w):
+        """RMSNorm over each head of x (qwen3moe's q and k norms)."""
+        x = x.reshape(-1, self.hd)
+        return (x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + self.eps) * w).reshape(-1)
 
     def attention(self, q, K, V):
         """softmax(q.K / sqrt(hd)) . V per head, as llama.cpp's CPU flash attention computes it:
@@ -448,9 +468,12 @@ class Reference:
         for l in range(self.n_layer):
             p = "blk.%d." % l
             h = self.rmsnorm(x, w[p + "attn_norm.weight"])
-            q = self.rope(self.mv(p + "attn_q.weight", h), pos).reshape(self.n_head, self.hd)
-            self.k[l].append(self.rope(self.mv(p + "attn_k.weight", h), pos).reshape(self.n_kv,
-                                                                                    self.hd))
+            q, k = self.mv(p + "attn_q.weight", h), self.mv(p + "attn_k.weight", h)
+            if self.qwen3:
+                q = self.head_norm(q, w[p + "attn_q_norm.weight"])
+                k = self.head_norm(k, w[p + "attn_k_norm.weight"])
+            q = self.rope(q, pos).reshape(self.n_head, self.hd)
+            self.k[l].append(self.rope(k, pos).reshape(self.n_kv, self.hd))
             self.v[l].append(self.mv(p + "attn_v.weight", h).reshape(self.n_kv, self.hd))
             att = self.attention(q, np.stack(self.k[l]), np.stack(self.v[l]))
             x = x + self.mv(p + "attn_output.weight", att.reshape(-1))
@@ -655,6 +678,18 @@ def main():
         check(cli, work, "%s moe home disk, host budget" % nm, moe[nm],
               ["--home", "disk", "--budget", "host=%d" % (2 * moe_layer), "--batch", "2"],
               moe=True)
+    # Qwen3-MoE: heads narrower than dim / heads (q_dim 128 of dim 256), q and k normed per head,
+    # NeoX RoPE
+    for typ, nm, seed in ((T_F32, "f32", 30), (T_F16, "f16", 31)):
+        path = os.path.join(work, "m_qwen3moe_%s.gguf" % nm)
+        make_model(path, typ, dim=256, ff=128, heads=4, kv_heads=2, layers=3, vocab=256,
+                   seed=seed, experts=(8, 2), arch="qwen3moe", head_dim=32)
+        check(cli, work, "%s qwen3moe resident" % nm, path, prompt=(1, 17, 230, 5, 99, 3),
+              moe=True)
+        if nm == "f32":
+            check(cli, work, "f32 qwen3moe home disk, host budget", path,
+                  ["--home", "disk", "--budget", "host=%d" % (os.path.getsize(path) // 3),
+                   "--batch", "2"], moe=True)
     if FAILED:
         print("generate_numpy: %d checks failed: %s" % (len(FAILED), ", ".join(FAILED)))
         return 1

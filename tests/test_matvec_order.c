@@ -1,9 +1,9 @@
 /*
  * test_matvec_order.c — ferry_matvec_q gives llama.cpp's bits, not only its values: the float
- * sums of q8_0, q4_0, q4_K and q6_K rows follow its x86 kernels for AVX-512 VNNI / AMX-INT8 CPUs
+ * sums of q8_0, q4_0, q4_K, q5_K and q6_K rows follow its x86 kernels for AVX-512 VNNI / AMX-INT8 CPUs
  * (and its repacked q4_0 kernel): per block (super-block for the k-quants) the exact integer sum
  * times the f32 product of the weight's and the vector's scales, one fma per block into one
- * accumulator, blocks in order; q4_K's min term a second fma per block, subtracting, into the
+ * accumulator, blocks in order; q4_K's and q5_K's min term a second fma per block, subtracting, into the
  * same accumulator. On the portable and the AVX2 path alike. The expected values are computed
  * here from the GGUF block layouts, element by element.
  */
@@ -101,6 +101,31 @@ static float want_q4_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
     return acc;
 }
 
+static float want_q5_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < n / 256; b++, w += 176, xq += 4 + 256 + 32) {
+        const int8_t *x = (const int8_t *)(xq + 4);
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m, s = 0, xs = 0;
+            k4_sm(w + 4, j, &sc, &m);
+            for (int l = 0; l < 32; l++) {
+                uint8_t byte = w[48 + 32 * (j / 2) + l];
+                int q = ((j & 1) ? byte >> 4 : byte & 15) | (((w[16 + l] >> j) & 1) << 4);
+                s += q * x[32 * j + l];
+                xs += x[32 * j + l];
+            }
+            isum += sc * s;
+            imin += m * xs;
+        }
+        float dx = q8k_d(xq);
+        acc = fmaf((float)isum, f16_at(w) * dx, acc);
+        acc = fmaf(-(float)imin, f16_at(w + 2) * dx, acc);
+    }
+    return acc;
+}
+
 static float want_q6_k(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
     float acc = 0.0f;
@@ -137,7 +162,7 @@ static void fill(ferry_dtype t, uint8_t *w, uint64_t rows, uint64_t n, float *tm
             p[i] = (uint8_t)rng();
         for (uint64_t b = 0; b < n / 256; b++) {
             uint16_t h = ferry__f32_to_f16(1e-4f * (float)(1 + rng() % 8));
-            if (t == FERRY_DTYPE_Q4_K) {
+            if (t == FERRY_DTYPE_Q4_K || t == FERRY_DTYPE_Q5_K) {
                 memcpy(p + b * bb, &h, 2);
                 memcpy(p + b * bb + 2, &h, 2);
             } else {
@@ -151,7 +176,7 @@ int main(void)
 {
     enum { ROWS = 64, N = 2048 };
     static const ferry_dtype types[] = {FERRY_DTYPE_Q8_0, FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K,
-                                        FERRY_DTYPE_Q6_K};
+                                        FERRY_DTYPE_Q5_K, FERRY_DTYPE_Q6_K};
     static uint8_t w[ROWS * (N / 32) * 34], xq[N * 2]; /* q8_0 is the widest row */
     static float x[N], tmp[N], y[ROWS];
     int avx2 = ferry__dtype_use_avx2();
@@ -173,6 +198,7 @@ int main(void)
                 float want = t == FERRY_DTYPE_Q8_0   ? want_q8_0(row, xq, N)
                              : t == FERRY_DTYPE_Q4_0 ? want_q4_0(row, xq, N)
                              : t == FERRY_DTYPE_Q4_K ? want_q4_k(row, xq, N)
+                             : t == FERRY_DTYPE_Q5_K ? want_q5_k(row, xq, N)
                                                      : want_q6_k(row, xq, N);
                 if (memcmp(&want, &y[r], sizeof want) != 0) {
                     if (!bad)

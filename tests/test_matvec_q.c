@@ -31,7 +31,7 @@ static void fill(ferry_dtype t, uint8_t *w, uint64_t n, float *tmp)
 {
     for (uint64_t i = 0; i < n; i++)
         tmp[i] = 0.05f * frand();
-    if (t != FERRY_DTYPE_Q4_K && t != FERRY_DTYPE_Q6_K) {
+    if (t != FERRY_DTYPE_Q4_K && t != FERRY_DTYPE_Q5_K && t != FERRY_DTYPE_Q6_K) {
         CHECK_EQ_INT(ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t, w, n), 0);
         return;
     }
@@ -40,7 +40,7 @@ static void fill(ferry_dtype t, uint8_t *w, uint64_t n, float *tmp)
         w[i] = (uint8_t)rng();
     for (uint64_t b = 0; b < nb; b++) {
         uint16_t h = ferry__f32_to_f16(1e-4f * (1 + (float)(rng() % 8)));
-        if (t == FERRY_DTYPE_Q4_K) {
+        if (t == FERRY_DTYPE_Q4_K || t == FERRY_DTYPE_Q5_K) {
             put16(w + b * bb, h);
             put16(w + b * bb + 2, h);
         } else {
@@ -53,7 +53,7 @@ static ferry_dtype vec_type(ferry_dtype t)
 {
     switch (t) {
     case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0: return FERRY_DTYPE_Q8_0;
-    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K: return FERRY_DTYPE_Q8_K;
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K: case FERRY_DTYPE_Q6_K: return FERRY_DTYPE_Q8_K;
     default: return FERRY_DTYPE_F32;
     }
 }
@@ -111,7 +111,7 @@ int main(void)
     enum { ROWS = 7, MAXC = 2048 + 256 };
     static const ferry_dtype types[] = {FERRY_DTYPE_F32,  FERRY_DTYPE_F16,  FERRY_DTYPE_BF16,
                                         FERRY_DTYPE_Q8_0, FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K,
-                                        FERRY_DTYPE_Q6_K};
+                                        FERRY_DTYPE_Q5_K, FERRY_DTYPE_Q6_K};
     static uint8_t w[ROWS * MAXC * 4], xq[MAXC * 4 + 64];
     static float x[MAXC], tmp[MAXC], wd[MAXC], xd[MAXC], y[ROWS], y2[ROWS];
     const uint64_t lens[] = {256, 512, 2048 + 256};

@@ -1,14 +1,15 @@
 /*
  * vecdot.c — matrix-vector products computed the way llama.cpp's CPU back end computes them
  * (ferry_matvec_q in ferry.h): the vector is first rounded to the type the weight's dot product
- * takes — q8_0 blocks for q4_0 / q8_0 weights, q8_K blocks for q4_K / q6_K, f16 or bf16 precision
- * for f16 / bf16 weights — and quantized weights then meet it in integer dot products. Sums within
- * a block are exact integers, and every kernel sums them over blocks in one order: per block (a
- * k-quant's super-block) the exact integer sum meets the f32 product of the weight's and the
- * vector's scales in one fma into a single accumulator, blocks in order (q4_K's min term a second
- * fma, subtracting, into the same accumulator). That is the order of llama.cpp's x86 kernels for
- * CPUs with AVX-512 VNNI and AMX-INT8 (which its native builds use for q4_0, q8_0, q4_K and q6_K
- * weights) and of its repacked q4_0 kernel; the portable and the AVX2 path give the same bits.
+ * takes — q8_0 blocks for q4_0 / q8_0 weights, q8_K blocks for q4_K / q5_K / q6_K, f16 or bf16
+ * precision for f16 / bf16 weights — and quantized weights then meet it in integer dot products.
+ * Sums within a block are exact integers, and every kernel sums them over blocks in one order:
+ * per block (a k-quant's super-block) the exact integer sum meets the f32 product of the
+ * weight's and the vector's scales in one fma into a single accumulator, blocks in order (the
+ * min term of q4_K and q5_K a second fma, subtracting, into the same accumulator). That is the
+ * order of llama.cpp's x86 kernels for CPUs with AVX-512 VNNI and AMX-INT8 (which its native
+ * builds use for q4_0, q8_0, q4_K, q5_K and q6_K weights) and of its repacked q4_0 kernel; the
+ * portable and the AVX2 path give the same bits.
  *
  * The activation quantizers follow llama.cpp's x86 code: q8_0 with d = amax / 127 and
  * q = round-half-even(x * (127 / amax)); q8_K (float d, 256 int8, 16 int16 block sums) with
@@ -34,7 +35,7 @@ static int has_vec_kernel(ferry_dtype t)
 {
     switch (t) {
     case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0:
-    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K:
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K: case FERRY_DTYPE_Q6_K:
         return 1;
     default:
         return 0;
@@ -48,7 +49,8 @@ uint64_t ferry_matvec_vec_bytes(ferry_dtype t, uint64_t cols)
         return 0;
     switch (t) {
     case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0: return cols / 32 * 34;
-    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K: return cols / 256 * Q8K_BYTES;
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K: case FERRY_DTYPE_Q6_K:
+        return cols / 256 * Q8K_BYTES;
     default: return cols * sizeof(float);
     }
 }
@@ -116,7 +118,9 @@ int ferry_matvec_vec_quantize(ferry_dtype t, const float *x, uint64_t cols, void
     float *f = out;
     switch (t) {
     case FERRY_DTYPE_Q8_0: case FERRY_DTYPE_Q4_0: quant_x_q8_0(x, out, cols / 32); break;
-    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q6_K: quant_x_q8_k(x, out, cols / 256); break;
+    case FERRY_DTYPE_Q4_K: case FERRY_DTYPE_Q5_K: case FERRY_DTYPE_Q6_K:
+        quant_x_q8_k(x, out, cols / 256);
+        break;
     case FERRY_DTYPE_F16:
         for (uint64_t i = 0; i < cols; i++)
             f[i] = ferry__h2f(ferry__f2h(x[i]));
@@ -196,6 +200,33 @@ static float q4_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
         float dmin = ferry__h2f(ferry__ld16(w + 2)) * q8k_d(xq);
         s = fmaf((float)sumi, d, s);
         s = fmaf(-(float)summs, dmin, s);
+    }
+    return s;
+}
+
+/* q5_K (176 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins as q4_K's, 32 bytes of
+ * fifth bits, 128 of nibbles): element 64g + l (l < 32) is the low nibble of qs[32g + l] plus 16
+ * times bit 2g of qh[l], element 64g + 32 + l the high nibble plus bit 2g + 1. */
+static float q5_k_generic(const uint8_t *w, const uint8_t *xq, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t b = 0; b < n / 256; b++, w += 176, xq += Q8K_BYTES) {
+        const int8_t *q8 = (const int8_t *)(xq + 4);
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        int32_t sumi = 0, summs = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            ferry__k4_scale_min(w + 4, j, &sc, &m);
+            summs += m * (q8k_bsum(xq, 2 * j) + q8k_bsum(xq, 2 * j + 1));
+            const uint8_t *qb = qs + 32 * (j / 2);
+            int shift = (j & 1) * 4, sum = 0;
+            for (int l = 0; l < 32; l++)
+                sum += (((qb[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4)) * q8[32 * j + l];
+            sumi += sc * sum;
+        }
+        float dx = q8k_d(xq);
+        s = fmaf((float)sumi, ferry__h2f(ferry__ld16(w)) * dx, s);
+        s = fmaf(-(float)summs, ferry__h2f(ferry__ld16(w + 2)) * dx, s);
     }
     return s;
 }
@@ -350,6 +381,7 @@ static vec_kernel pick(ferry_dtype t)
     case FERRY_DTYPE_Q8_0: return q8_0_generic;
     case FERRY_DTYPE_Q4_0: return q4_0_generic;
     case FERRY_DTYPE_Q4_K: return q4_k_generic;
+    case FERRY_DTYPE_Q5_K: return q5_k_generic;
     case FERRY_DTYPE_Q6_K: return q6_k_generic;
     default: return NULL;
     }

@@ -83,7 +83,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     static const char *help =
         "usage: ferry generate MODEL (--tokens ID,ID,... | --prompt TEXT) [options]\n"
         "\n"
-        "Greedy decoding of a llama model (GGUF, general.architecture = llama) on the cpu,\n"
+        "Greedy decoding of a llama or Qwen3-MoE model (GGUF, general.architecture = llama or\n"
+        "qwen3moe) on the cpu,\n"
         "its weights placed and moved by ferry: each layer prepared before use, the next one\n"
         "prefetched, the token embedding lazy.\n"
         "\n"
