@@ -439,9 +439,9 @@ typedef struct ferry_policy {
 typedef enum ferry_slice_evict {
     FERRY_SLICE_EVICT_DEFAULT = 0,
     /* The expert policy (FERRY_CACHE_FERRY of ferry_cache_sim_create): per layer a floor of the
-     * slices one prepare used together, LFU with dynamic aging for the rest. Slices stay out of
-     * the recorded access order, and the budget is shared with the other tensors (see
-     * ferry_slice). */
+     * slices one prepare used together kept against the other tensors' loads, the lowest
+     * estimated value of the next use first. Slices stay out of the recorded access order, and
+     * the budget is shared with the other tensors (see ferry_slice). */
     FERRY_SLICE_EVICT_EXPERT,
     /* As any tensor: the recorded access order's policy over slices and tensors alike. */
     FERRY_SLICE_EVICT_CYCLIC,
@@ -1013,17 +1013,26 @@ FERRY_API double ferry_now(void);
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum ferry_cache_policy {
-    FERRY_CACHE_FERRY = 0, /* the policy ferry uses for experts: per group, a floor of F units
-                            * kept while other groups hold more, and the units of the group's
-                            * last F uses evicted after its others; LFU-DA among the rest. F is
-                            * FLOOR_PER_GROUP, or with 0 the most units one use has passed */
+    FERRY_CACHE_FERRY = 0, /* the policy ferry uses for experts: the lowest estimated value of
+                            * the next use first. Per unit it learns how often its group's steps
+                            * (runs of uses of one group, at most F units) choose it afresh and
+                            * how often again right after a use; per group how often the group
+                            * steps. The value: the probability of the unit's next use, halved
+                            * per period of its group until that use comes, per byte; counts
+                            * decay with a half-life of 1024 steps. F is FLOOR_PER_GROUP, or with
+                            * 0 the most units one use has passed */
     FERRY_CACHE_LRU,       /* least recently used first */
     FERRY_CACHE_LFU,       /* least frequently used first, with dynamic aging (LFU-DA) */
     FERRY_CACHE_LRFU,      /* lowest combined recency and frequency first (LRFU) */
+    FERRY_CACHE_LFU_FLOOR, /* ferry's expert policy before 0.3: per group a floor of F units
+                            * kept while other groups hold more (F as for FERRY_CACHE_FERRY),
+                            * the units of the group's last F uses evicted after its others,
+                            * LFU-DA among the rest */
     FERRY_CACHE_POLICY_COUNT
 } ferry_cache_policy;
 
-/* The name of POLICY ("ferry", "lru", "lfu", "lrfu"; "?" when out of range). Never NULL. */
+/* The name of POLICY ("ferry", "lru", "lfu", "lrfu", "lfu-floor"; "?" when out of range). Never
+ * NULL. */
 FERRY_API const char *ferry_cache_policy_name(ferry_cache_policy policy);
 
 typedef struct ferry_cache_sim ferry_cache_sim;

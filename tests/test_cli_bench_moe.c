@@ -26,12 +26,13 @@ static double jnum(const ferry__json *j)
     return strtod(buf, NULL);
 }
 
-static const char *cols[] = {"ferry", "lru", "lfu", "lrfu", "belady"};
+static const char *cols[] = {"ferry", "lru", "lfu", "lrfu", "lfu-floor", "belady"};
 
 /* Checks one report: N_CACHES caches of the given expert counts, each column consistent with
- * EXPERT_BYTES (0: not checked) and TOKENS. */
+ * EXPERT_BYTES (0: not checked) and TOKENS; the online bound one more column with BOUND (a
+ * synthetic trace), else null. */
 static void check_report(const ferry__json *doc, uint64_t tokens, uint64_t uses,
-                         const uint64_t *slots, size_t n_caches, uint64_t expert_bytes)
+                         const uint64_t *slots, size_t n_caches, uint64_t expert_bytes, int bound)
 {
     CHECK_EQ_INT(jnum(jget(doc, "tokens")), tokens);
     const ferry__json *cs = jget(doc, "caches");
@@ -44,8 +45,10 @@ static void check_report(const ferry__json *doc, uint64_t tokens, uint64_t uses,
         if (expert_bytes)
             CHECK_EQ_INT(jnum(jget(c, "bytes")), slots[i] * expert_bytes);
         double best_hits = jnum(jget(jget(c, "belady"), "hits"));
-        for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++) {
-            const ferry__json *r = jget(c, cols[k]);
+        const ferry__json *b = jget(c, "bound");
+        CHECK(b && b->type == (bound ? FERRY__JSON_OBJECT : FERRY__JSON_NULL));
+        for (size_t k = 0; k < sizeof cols / sizeof cols[0] + (size_t)bound; k++) {
+            const ferry__json *r = k < sizeof cols / sizeof cols[0] ? jget(c, cols[k]) : b;
             CHECK(r && r->type == FERRY__JSON_OBJECT);
             double u = jnum(jget(r, "uses")), h = jnum(jget(r, "hits")),
                    b = jnum(jget(r, "bytes_read")), hr = jnum(jget(r, "hit_rate")),
@@ -78,7 +81,7 @@ static void test_synthetic(void)
     const ferry__json *exact = jget(&doc, "belady_exact");
     CHECK(exact && exact->type == FERRY__JSON_BOOL && exact->b);
     uint64_t slots[4] = {8, 16, 32, 5};
-    check_report(&doc, 300, 300 * 4 * 2, slots, 4, 4096);
+    check_report(&doc, 300, 300 * 4 * 2, slots, 4, 4096, 1);
     /* more room, more hits: Belady's hit rate grows with the cache */
     const ferry__json *cs = jget(&doc, "caches");
     if (cs && cs->n == 4)
@@ -97,6 +100,7 @@ static void test_synthetic(void)
     CHECK_EQ_INT(rc, 0);
     for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++)
         CHECK(strstr(out_text, cols[k]) != NULL);
+    CHECK(strstr(out_text, "bound") != NULL);
     CHECK(strstr(out_text, "hit rate") && strstr(out_text, "bytes/token"));
 }
 
@@ -133,7 +137,7 @@ static void test_trace_file(void)
     CHECK_EQ_INT(jnum(jget(&doc, "layers")), 2);
     CHECK_EQ_INT(jnum(jget(&doc, "experts_used")), 2);
     uint64_t slots[3] = {2, 4, 2}; /* 1/8 of 8 holds less than one step of 2: left out */
-    check_report(&doc, 4, 9, slots, 3, 100);
+    check_report(&doc, 4, 9, slots, 3, 100, 0);
     const ferry__json *cs = jget(&doc, "caches");
     if (cs && cs->n >= 1) {
         /* Belady in 2 slots: reads 0 and 1 (token 1), 3 over 0 (token 3, 1 in use), 0 again
@@ -156,7 +160,7 @@ static void test_trace_file(void)
         CHECK_EQ_INT(jnum(jget(&doc, "experts")), 4); /* the largest id + 1 */
         CHECK_EQ_INT(jnum(jget(&doc, "expert_bytes_total")), 2 * 8 * 16 * 4 * 4);
         uint64_t s2[3] = {2, 4, 3};
-        check_report(&doc, 4, 9, s2, 3, 8 * 16 * 4);
+        check_report(&doc, 4, 9, s2, 3, 8 * 16 * 4, 0);
         ferry__json_free(&doc);
     } else {
         fprintf(stderr, "%s", err_text);

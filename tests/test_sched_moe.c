@@ -19,11 +19,20 @@
 
 /* ---- an independent Belady ------------------------------------------------------------------ */
 
-/* Hits of furthest-next-use over T (one size), scanning forward for each next use. */
+/* Hits of furthest-next-use over T (one size, SLOTS units): on a miss with the cache full, the
+ * resident unit, not of the step, whose next use is furthest (never: furthest of all) goes. */
 static uint64_t belady_hits(const moelab_trace *t, uint64_t slots)
 {
     size_t units = (size_t)t->layers * t->experts;
+    size_t *next = malloc(t->n_ids * sizeof *next), *at = malloc(units * sizeof *at);
+    size_t *nu = malloc(units * sizeof *nu);
     unsigned char *in = calloc(units, 1);
+    for (size_t u = 0; u < units; u++)
+        at[u] = SIZE_MAX;
+    for (size_t i = t->n_ids; i-- > 0;) { /* the position of each use's next use */
+        next[i] = at[t->ids[i]];
+        at[t->ids[i]] = i;
+    }
     uint64_t hits = 0, used = 0;
     for (size_t s = 0; s < t->n_steps; s++) {
         size_t a = t->step_start[s], b = t->step_start[s + 1];
@@ -31,36 +40,29 @@ static uint64_t belady_hits(const moelab_trace *t, uint64_t slots)
             uint32_t id = t->ids[i];
             if (in[id]) {
                 hits++;
+                nu[id] = next[i];
                 continue;
             }
             if (used == slots) {
                 uint32_t victim = UINT32_MAX;
-                size_t far = 0;
                 for (uint32_t u = 0; u < units; u++) {
-                    if (!in[u])
-                        continue;
                     int pinned = 0;
                     for (size_t j = a; j < b; j++)
                         pinned |= t->ids[j] == u;
-                    if (pinned)
-                        continue;
-                    size_t k = b;
-                    while (k < t->n_ids && t->ids[k] != u)
-                        k++;
-                    if (victim == UINT32_MAX || k > far) {
+                    if (in[u] && !pinned && (victim == UINT32_MAX || nu[u] > nu[victim]))
                         victim = u;
-                        far = k;
-                    }
-                    if (k == t->n_ids)
-                        break; /* never used again: as far as it gets */
                 }
                 in[victim] = 0;
                 used--;
             }
             in[id] = 1;
+            nu[id] = next[i];
             used++;
         }
     }
+    free(next);
+    free(at);
+    free(nu);
     free(in);
     return hits;
 }
@@ -73,11 +75,13 @@ typedef struct config {
     double zipf, locality;
 } config;
 
-static const char *names[MOELAB_N_COLS] = {"ferry", "lru", "lfu", "lrfu", "belady"};
+static const char *names[MOELAB_N_COLS] = {"ferry", "lru", "lfu", "lrfu", "lfu-floor", "belady"};
 
-/* Replays C through every policy and Belady at 1/8, 1/4, 1/2 of the experts into R[size][col];
- * checks Belady against the independent one and every policy against Belady. */
-static void replay_config(const config *c, moelab_result r[3][MOELAB_N_COLS])
+/* Replays C through every policy and Belady at 1/8, 1/4, 1/2 of the experts into R[size][col],
+ * the online bound into BOUND[size]; checks Belady against the one above and every policy
+ * against Belady. */
+static void replay_config(const config *c, moelab_result r[3][MOELAB_N_COLS],
+                          moelab_result bound[3])
 {
     moelab_trace t;
     CHECK_EQ_INT(moelab_synth(&t, c->layers, c->experts, c->k, c->tokens, c->zipf, c->locality, 7),
@@ -92,8 +96,10 @@ static void replay_config(const config *c, moelab_result r[3][MOELAB_N_COLS])
             CHECK_EQ_INT(moelab_replay(&t, bytes, slots * 1000, (ferry_cache_policy)p, 0, &r[z][p]),
                          0);
         CHECK_EQ_INT(moelab_belady(&t, bytes, slots * 1000, &r[z][MOELAB_BELADY]), 0);
-        if (c->tokens <= 600)
-            CHECK_EQ_INT(r[z][MOELAB_BELADY].hits, belady_hits(&t, slots));
+        CHECK_EQ_INT(r[z][MOELAB_BELADY].hits, belady_hits(&t, slots));
+        CHECK_EQ_INT(moelab_online_bound(&t, bytes, slots * 1000, MOELAB_BOUND_HORIZON, &bound[z]),
+                     0);
+        CHECK(bound[z].hits <= r[z][MOELAB_BELADY].hits);
         for (int p = 0; p < MOELAB_N_COLS; p++) {
             CHECK_EQ_INT(r[z][p].uses, (uint64_t)c->tokens * c->layers * c->k);
             CHECK(r[z][p].hits <= r[z][MOELAB_BELADY].hits); /* the optimum bounds them all */
@@ -104,16 +110,18 @@ static void replay_config(const config *c, moelab_result r[3][MOELAB_N_COLS])
         for (int p = 0; p < MOELAB_N_COLS; p++)
             fprintf(stderr, " %s %.3f (%.0f B/token)", names[p], r[z][p].hit_rate,
                     r[z][p].bytes_per_token);
-        fprintf(stderr, "\n");
+        fprintf(stderr, " bound %.3f (%.0f B/token)\n", bound[z].hit_rate,
+                bound[z].bytes_per_token);
     }
     free(bytes);
     moelab_trace_free(&t);
 }
 
-/* Traces with locality: ferry's policy keeps 0.85 x Belady's hit rate (0.89 to 0.98 measured:
- * bench/README.md), reads no more than 1.05 x the best of the other policies, and with strong
- * locality at most 2 x Belady's bytes per token (1.1 to 1.8 measured: an online policy misses
- * what the optimum sees coming). Without locality only the bounds are checked. */
+/* Ferry's policy against Belady (computed above from the definition), the online bound (evicting
+ * by the trace's generating model: about what an online policy can reach) and the other
+ * policies. Measured (bench/README.md): hit rate 0.84-0.99 x Belady's, at least 0.98 x the
+ * bound's; bytes per token 1.14-1.78 x Belady's, at most 1.15 x the bound's. Even the bound reads
+ * more than 1.1 x Belady's bytes on every one of these traces: it cannot see the next token. */
 static void test_against_belady(void)
 {
     const config cs[] = {
@@ -121,20 +129,23 @@ static void test_against_belady(void)
         {16, 32, 4, 1000, 1.0, 0.9}, {8, 64, 2, 2000, 1.0, 0.0},  {4, 16, 2, 500, 0.8, 0.5},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        moelab_result r[3][MOELAB_N_COLS];
-        replay_config(&cs[i], r);
-        if (cs[i].locality < 0.5)
-            continue;
+        moelab_result r[3][MOELAB_N_COLS], bound[3];
+        replay_config(&cs[i], r, bound);
         for (int z = 0; z < 3; z++) {
             const moelab_result *f = &r[z][FERRY_CACHE_FERRY], *b = &r[z][MOELAB_BELADY];
-            CHECK(f->hit_rate >= 0.85 * b->hit_rate);
+            double lo = cs[i].locality >= 0.9 ? 0.97 : cs[i].locality >= 0.5 ? 0.85 : 0.82;
+            CHECK(f->hit_rate >= lo * b->hit_rate);
+            CHECK(f->hit_rate >= 0.97 * bound[z].hit_rate);
+            CHECK(f->bytes_read <= bound[z].bytes_read + bound[z].bytes_read / 5);
+            CHECK(f->bytes_read <= 2 * b->bytes_read);
+            CHECK(bound[z].bytes_read > b->bytes_read + b->bytes_read / 10);
             uint64_t best = UINT64_MAX;
             for (int p = 1; p < FERRY_CACHE_POLICY_COUNT; p++)
                 if (r[z][p].bytes_read < best)
                     best = r[z][p].bytes_read;
+            /* no other policy reads much less (LRU 3% less where the cache holds exactly one
+             * token's choice per layer: L16 k4 at 1/8) */
             CHECK(f->bytes_read <= best + best / 20);
-            if (cs[i].locality >= 0.9)
-                CHECK(f->bytes_per_token <= 2.0 * b->bytes_per_token);
         }
     }
 }
@@ -329,6 +340,47 @@ static void test_policy_rules(void)
     ferry__evict_loading(&e, 3);
     ferry__evict_cand g0[3] = {c[0], c[1], c[2]};
     CHECK_EQ_INT(pick(&e, g0, 3), 1); /* the least counted of the older ones */
+    ferry__moe_policy_free(&p);
+
+    /* NEXT: a unit chosen in more steps goes after one chosen in fewer (group 0's steps split
+     * by group 1's uses) */
+    CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_NEXT, 6, group, 2, 1, 0), 0);
+    e = ferry__evict_moe(&p);
+    CHECK_STR(ferry__moe_kind_name(p.kind), "next");
+    const uint32_t freq[] = {0, 1, 0, 2, 0, 1, 0, 2, 0, 1};
+    for (size_t i = 0; i < sizeof freq / sizeof freq[0]; i++) {
+        ferry__evict_used(&e, freq[i], 1, i < 4);
+        ferry__evict_used(&e, 3 + (uint32_t)(i % 3), 1, i < 3);
+    }
+    ferry__evict_cand g12[2] = {c[1], c[2]};
+    CHECK_EQ_INT(pick(&e, g12, 2), 2); /* 1 was in the last step, 2 chosen as often */
+    ferry__evict_cand g02[2] = {c[0], c[2]};
+    CHECK_EQ_INT(pick(&e, g02, 2), 2); /* 0: chosen in half the steps */
+    ferry__moe_policy_free(&p);
+
+    /* NEXT: of equal histories, the unit of the group that stepped last goes first (the other
+     * group's step comes sooner); a unit chosen again step after step goes after a more
+     * frequent one chosen afresh */
+    CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_NEXT, 6, group, 2, 1, 0), 0);
+    e = ferry__evict_moe(&p);
+    for (uint32_t t = 0; t < 20; t++) {
+        ferry__evict_used(&e, t % 2, 1, t < 2);     /* group 0: 0, 1, 0, 1, ... */
+        ferry__evict_used(&e, 3 + t % 2, 1, t < 2); /* group 1: 3, 4, 3, 4, ... */
+    }
+    ferry__evict_cand c04[2] = {c[0], c[4]}; /* 0 and 3 used last; 0 and 4 alike */
+    CHECK_EQ_INT(pick(&e, c04, 2), 4);
+    ferry__evict_used(&e, 0, 1, 0); /* group 0 steps: now group 1's step comes sooner */
+    CHECK_EQ_INT(pick(&e, c04, 2), 0);
+    ferry__moe_policy_free(&p);
+    CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_NEXT, 6, group, 2, 1, 0), 0);
+    e = ferry__evict_moe(&p);
+    const uint32_t runs[] = {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 0, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        ferry__evict_used(&e, runs[i], 1, i < 3);
+        ferry__evict_used(&e, 3, 1, i == 0);
+    }
+    ferry__evict_cand c01[2] = {c[0], c[1]}; /* 1: in 5 steps, 0 in 6 but reused in 5 */
+    CHECK_EQ_INT(pick(&e, c01, 2), 1);
     ferry__moe_policy_free(&p);
 
     CHECK_EQ_INT(ferry__moe_policy_init(&p, FERRY__MOE_LRU, 6, group, 1, 0, 0), -1);

@@ -39,6 +39,8 @@ const char *ferry_cache_policy_name(ferry_cache_policy policy)
         return "lfu";
     case FERRY_CACHE_LRFU:
         return "lrfu";
+    case FERRY_CACHE_LFU_FLOOR:
+        return "lfu-floor";
     default:
         return "?";
     }
@@ -53,6 +55,8 @@ static ferry__moe_kind kind_of(ferry_cache_policy p)
         return FERRY__MOE_LFU;
     case FERRY_CACHE_LRFU:
         return FERRY__MOE_LRFU;
+    case FERRY_CACHE_LFU_FLOOR:
+        return FERRY__MOE_LFU;
     default:
         return FERRY__MOE_DEFAULT;
     }
@@ -110,7 +114,8 @@ int ferry_cache_sim_create(ferry_cache_sim **out, ferry_cache_policy policy, siz
         return FERRY_ENOMEM;
     }
     s->evictor = ferry__evict_moe(&s->policy);
-    s->auto_floor = policy == FERRY_CACHE_FERRY && floor_per_group == 0;
+    s->auto_floor =
+        (policy == FERRY_CACHE_FERRY || policy == FERRY_CACHE_LFU_FLOOR) && floor_per_group == 0;
     *out = s;
     return 0;
 }

@@ -81,19 +81,38 @@ typedef enum ferry__moe_kind {
     FERRY__MOE_LRFU, /* lowest combined recency-frequency first: the sum over past uses of
                       * 2^(-LAMBDA x uses of its group since), LAMBDA -> 0 being LFU, large
                       * LAMBDA LRU within each group */
+    FERRY__MOE_NEXT, /* lowest estimated value of the next use first: a group steps (a run of
+                      * uses of its units) once a period (learned); each step chooses a unit
+                      * afresh with G (its uses that were no reuse, over the steps it was not
+                      * in the one before), and one of the last step again with R (its rate of
+                      * reuse, drawn towards its group's); counts decay by LAMBDA per step.
+                      * Value: the probability of its first next use, halved per period until
+                      * that use comes (evict_moe.c) */
     FERRY__MOE_COUNT
 } ferry__moe_kind;
 
-/* The kind ferry uses for experts, with a floor of the experts one layer uses for one token:
- * LFU-DA for the rest, the last token's choice of each layer kept as a recency segment
- * (bench/README.md, "MoE eviction policies on routing traces"). */
-#define FERRY__MOE_DEFAULT FERRY__MOE_LFU
+/* The kind ferry uses for experts, its floor the experts one layer uses for one token, which
+ * ends a step and which the shared budget keeps (bench/README.md, "MoE eviction policies on
+ * routing traces"). */
+#define FERRY__MOE_DEFAULT FERRY__MOE_NEXT
 /* LRFU's LAMBDA when given 0, per use of a unit of the same group (a layer's own clock, so that
  * the decay does not depend on how many layers there are) */
 #define FERRY__MOE_LAMBDA 0.08
+/* NEXT's LAMBDA when given 0, per step of the unit's group */
+#define FERRY__MOE_NEXT_LAMBDA (1.0 / 1024)
 
 /* The state of one expert policy over ids 0..n-1, each in a group (its layer). Its clock counts
  * uses (ferry__evict_used); it learns nothing else about the units. */
+/* What the NEXT kind learns of one group. */
+typedef struct ferry__moe_group {
+    uint64_t steps;          /* runs of uses of the group */
+    uint64_t start;          /* the policy clock at its last step's first use */
+    double period;           /* uses of any unit between two of its steps (decayed mean) */
+    double decayed_steps;    /* steps, decayed by LAMBDA per step */
+    double reuse, chances;   /* units of a step used in the next one, and units of steps */
+    uint32_t n_step;         /* units of its last step */
+} ferry__moe_group;
+
 typedef struct ferry__moe_policy {
     ferry__moe_kind kind;
     size_t n, n_groups;
@@ -109,7 +128,11 @@ typedef struct ferry__moe_policy {
     double *value;           /* per id: LFU count + aging, or LRFU log2 CRF at LAST */
     uint64_t *uses;          /* per id: uses (LFU), kept over evictions */
     double age;              /* LFU-DA: the value of the last unit evicted */
-    double lambda;           /* LRFU: decay per use of a unit of the same group */
+    double lambda;           /* LRFU: decay per use of a unit of the same group; NEXT: per step */
+    uint64_t *step;          /* NEXT, per id: its group's step at its last use */
+    double *count;           /* NEXT, per id: uses, decayed to STEP (VALUE: those not reuses) */
+    ferry__moe_group *groups; /* NEXT, per group */
+    uint32_t last_group;     /* NEXT: the group of the last use (UINT32_MAX: none) */
 } ferry__moe_policy;
 
 /* Sets up P for N ids in N_GROUPS groups (GROUP per id; NULL: all in group 0), keeping FLOOR
@@ -125,10 +148,12 @@ int ferry__moe_policy_grow(ferry__moe_policy *p, size_t n, const uint32_t *group
  * eviction, which ferry__evict_evicted reports): the residency per group that the floor reads,
  * for a caller whose loads are not all followed by a use (prefetches). */
 void ferry__moe_policy_hold(ferry__moe_policy *p, uint32_t id, int held);
-/* The name of KIND ("lru", "lfu", "lrfu"). */
+/* The name of KIND ("lru", "lfu", "lrfu", "next"). */
 const char *ferry__moe_kind_name(ferry__moe_kind kind);
 
-/* The evictor over P (a version 2 table: the caller reports uses, evictions and loads). Order:
+/* The evictor over P (a version 2 table: the caller reports uses, evictions and loads). Order
+ * for NEXT: by its value (lowest first, per byte; of equal values, the lowest id), the floor only
+ * ending a step. For the others:
  * first the units of the loading unit's group and of groups holding more than the floor, then
  * the others (a group at its floor gives up units only when no group above it has one left).
  * The floor is P's, or the resident units / groups when that is less (a cache too small to give

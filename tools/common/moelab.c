@@ -19,6 +19,7 @@ void moelab_trace_free(moelab_trace *t)
 {
     free(t->step_start);
     free(t->ids);
+    free(t->draw_p);
     memset(t, 0, sizeof *t);
 }
 
@@ -148,6 +149,14 @@ int moelab_synth(moelab_trace *t, uint32_t layers, uint32_t experts, uint32_t k,
             close_step(t);
         }
     }
+    t->draw_p = malloc((size_t)layers * experts * sizeof *t->draw_p);
+    if (!t->draw_p)
+        goto out;
+    for (uint32_t l = 0; l < layers; l++)
+        for (uint32_t r = 0; r < experts; r++)
+            t->draw_p[(size_t)l * experts + perm[(size_t)l * experts + r]] =
+                cdf[r] - (r ? cdf[r - 1] : 0);
+    t->locality = locality;
     rc = 0;
 out:
     free(cdf);
@@ -394,6 +403,137 @@ out:
     return rc;
 }
 
+/* The probabilities of the online bound, from the generating model (moelab_synth): a step keeps
+ * each slot's expert of the layer's last step with probability P and fills the other slots by
+ * Zipf draws that skip the experts already chosen. A unit is taken by those fresh draws with
+ * G = 1 - (1 - q)^A, q its probability in one draw and A set per layer so that the G sum to the
+ * expected fresh slots K (1 - P) (drawing without replacement, as in Brewer's approximation). */
+static void fresh_probs(const moelab_trace *t, double *g)
+{
+    double want = t->used * (1 - t->locality);
+    for (uint32_t l = 0; l < t->layers; l++) {
+        const double *q = t->draw_p + (size_t)l * t->experts;
+        double *gl = g + (size_t)l * t->experts;
+        double lo = 0, hi = 1;
+        for (;;) { /* the sum grows with A: find an upper end, then bisect */
+            double sum = 0;
+            for (uint32_t e = 0; e < t->experts; e++)
+                sum += 1 - pow(1 - q[e], hi);
+            if (sum >= want || hi > 1e9)
+                break;
+            hi *= 2;
+        }
+        for (int it = 0; it < 60; it++) {
+            double a = (lo + hi) / 2, sum = 0;
+            for (uint32_t e = 0; e < t->experts; e++)
+                sum += 1 - pow(1 - q[e], a);
+            if (sum < want)
+                lo = a;
+            else
+                hi = a;
+        }
+        for (uint32_t e = 0; e < t->experts; e++)
+            gl[e] = q[e] >= 1 ? 1 : 1 - pow(1 - q[e], hi);
+    }
+}
+
+/* A unit's value: its first next use discounted by GAMMA per step of the trace, D steps until
+ * its layer's next step, L steps between its layer's steps; used at a layer step with
+ * G = fresh_probs', at the first with 1 - (1 - P)(1 - G) for a unit of the layer's last step. */
+int moelab_online_bound(const moelab_trace *t, const uint64_t *bytes, uint64_t cap,
+                        double horizon, moelab_result *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!t->draw_p || !(horizon > 0))
+        return -1;
+    double L = t->layers, gamma = exp2(-1 / (horizon * L)), gl = pow(gamma, L);
+    size_t units = (size_t)t->layers * t->experts;
+    double *g = malloc(units * sizeof *g), *miss_h = malloc(units * sizeof *miss_h);
+    uint32_t *res = malloc(units * sizeof *res);
+    unsigned char *in = calloc(units, 1), *pin = calloc(units, 1), *last = calloc(units, 1);
+    uint32_t *prev = malloc((size_t)t->layers * (t->used + 1) * sizeof *prev);
+    uint32_t *n_prev = calloc(t->layers, sizeof *n_prev);
+    int rc = -1;
+    if (!g || !miss_h || !res || !in || !pin || !last || !prev || !n_prev)
+        goto out;
+    fresh_probs(t, g);
+    for (size_t u = 0; u < units; u++) /* from a layer step on, out of its last step */
+        miss_h[u] = g[u] / (1 - (1 - g[u]) * gl);
+    size_t n_res = 0;
+    uint64_t used = 0;
+    for (size_t s = 0; s < t->n_steps; s++) {
+        size_t a = t->step_start[s], b = t->step_start[s + 1];
+        uint32_t layer = t->ids[a] / t->experts;
+        uint64_t need = 0;
+        for (size_t i = a; i < b; i++) {
+            pin[t->ids[i]] = 1;
+            need += bytes[t->ids[i]];
+        }
+        if (need > cap)
+            goto out;
+        for (size_t i = a; i < b; i++) {
+            uint32_t id = t->ids[i];
+            r->uses++;
+            if (in[id]) {
+                r->hits++;
+                continue;
+            }
+            while (used + bytes[id] > cap) {
+                size_t best = SIZE_MAX;
+                double best_v = 0;
+                for (size_t j = 0; j < n_res; j++) {
+                    uint32_t u = res[j];
+                    if (pin[u])
+                        continue;
+                    uint32_t ul = u / t->experts;
+                    double d = ul > layer ? ul - layer : ul + L - layer;
+                    double p1 = last[u] && ul != layer
+                                    ? 1 - (1 - t->locality) * (1 - g[u]) : g[u];
+                    double v = pow(gamma, d) * (p1 + (1 - p1) * gl * miss_h[u]) /
+                               (double)bytes[u];
+                    if (best == SIZE_MAX || v < best_v) {
+                        best = j;
+                        best_v = v;
+                    }
+                }
+                if (best == SIZE_MAX)
+                    goto out;
+                uint32_t v = res[best];
+                in[v] = 0;
+                used -= bytes[v];
+                res[best] = res[--n_res];
+            }
+            in[id] = 1;
+            res[n_res++] = id;
+            used += bytes[id];
+            r->bytes_read += bytes[id];
+        }
+        /* this step becomes the layer's last */
+        uint32_t *pv = prev + (size_t)layer * (t->used + 1);
+        for (uint32_t j = 0; j < n_prev[layer]; j++)
+            last[pv[j]] = 0;
+        n_prev[layer] = 0;
+        for (size_t i = a; i < b; i++) {
+            pin[t->ids[i]] = 0;
+            last[t->ids[i]] = 1;
+            if (n_prev[layer] <= t->used)
+                pv[n_prev[layer]++] = t->ids[i];
+        }
+    }
+    finish(t, r);
+    rc = 0;
+out:
+    free(g);
+    free(miss_h);
+    free(res);
+    free(in);
+    free(pin);
+    free(last);
+    free(prev);
+    free(n_prev);
+    return rc;
+}
+
 int moelab_replay(const moelab_trace *t, const uint64_t *bytes, uint64_t cap,
                   ferry_cache_policy policy, uint32_t floor, moelab_result *r)
 {
@@ -553,8 +693,12 @@ int moelab_run(moelab *m)
                                  ferry_strerror(rc));
         if (moelab_belady(t, m->bytes, z->capacity, &z->r[MOELAB_BELADY]))
             return cli_error("out of memory replaying the trace");
+        if (t->draw_p && moelab_online_bound(t, m->bytes, z->capacity, MOELAB_BOUND_HORIZON,
+                                             &z->bound))
+            return cli_error("out of memory replaying the trace");
         m->n_sizes++;
     }
+    m->has_bound = t->draw_p != NULL;
     if (!m->n_sizes)
         return cli_usage_error("bench", "half of the %zu experts holds fewer bytes than the "
                                "experts one layer uses for one token", units);

@@ -35,6 +35,10 @@ typedef struct moelab_trace {
     size_t *step_start;       /* n_steps + 1 offsets into IDS */
     uint32_t *ids;            /* global unit ids */
     size_t n_ids, cap_ids, cap_steps;
+    /* a synthetic trace's generating model (NULL / 0 for a file): per unit the probability of
+     * one Zipf draw of its layer choosing it, and the probability of keeping a slot's expert */
+    double *draw_p;
+    double locality;
 } moelab_trace;
 
 /* A synthetic trace: T tokens over L layers of N experts, K per token and layer. Each layer ranks
@@ -65,6 +69,16 @@ int moelab_belady(const moelab_trace *t, const uint64_t *bytes, uint64_t cap, mo
 int moelab_replay(const moelab_trace *t, const uint64_t *bytes, uint64_t cap,
                   ferry_cache_policy policy, uint32_t floor, moelab_result *r);
 
+/* The online bound over a synthetic trace T (its generating model known): on a miss, evicts the
+ * unit of the lowest value per byte, the value its model probability of a first next use given
+ * its layer's last step, discounted by half per HORIZON tokens until that use. 0, or -1 when T
+ * has no model, out of memory, or a step does not fit. See moelab.c for the probabilities. */
+int moelab_online_bound(const moelab_trace *t, const uint64_t *bytes, uint64_t cap,
+                        double horizon, moelab_result *r);
+/* The bound's half-life in the bench, in tokens (0.25 to 1 measured within 0.01 of each other in
+ * hit rate; longer ones lose where the cache holds about one token's experts per layer). */
+#define MOELAB_BOUND_HORIZON 1.0
+
 /* ---- the bench ----------------------------------------------------------------------------- */
 
 enum { MOELAB_BELADY = FERRY_CACHE_POLICY_COUNT, MOELAB_N_COLS };
@@ -73,6 +87,7 @@ typedef struct moelab_size {
     uint64_t slots;           /* units the cache holds (of the mean size) */
     uint64_t capacity;        /* bytes */
     moelab_result r[MOELAB_N_COLS]; /* per ferry_cache_policy, then Belady */
+    moelab_result bound;      /* the online bound (a synthetic trace only: HAS_BOUND) */
 } moelab_size;
 
 typedef struct moelab {
@@ -92,13 +107,15 @@ typedef struct moelab {
     uint64_t *bytes;          /* per unit */
     uint64_t total_bytes;     /* of all units */
     int sizes_differ;         /* Belady is then an approximation */
+    int has_bound;            /* sizes[].bound holds the online bound (a synthetic trace) */
     const char *ferry_kind;   /* the policy FERRY_CACHE_FERRY is */
     moelab_size sizes[MOELAB_MAX_SIZES];
     size_t n_sizes;
 } moelab;
 
-/* Reads or makes the trace, sizes the units, and replays it through every policy and Belady at
- * caches of 1/8, 1/4 and 1/2 of the units (and M->cache_slots). Returns 0, or CLI_EXIT_FAIL /
+/* Reads or makes the trace, sizes the units, and replays it through every policy and Belady (and
+ * for a synthetic trace the online bound, half-life MOELAB_BOUND_HORIZON) at caches of 1/8, 1/4
+ * and 1/2 of the units (and M->cache_slots). Returns 0, or CLI_EXIT_FAIL /
  * CLI_EXIT_USAGE after printing why. moelab_free either way. */
 int moelab_run(moelab *m);
 void moelab_free(moelab *m);

@@ -30,9 +30,12 @@ static void moe_text(const moelab *m)
            t->used, cli_size(m->total_bytes, s1),
            cli_size(m->total_bytes / ((uint64_t)t->layers * t->experts), s2),
            m->sizes_differ ? " on average" : "");
-    printf("ferry: per layer, the experts of its last token kept and as many as a floor; LFU "
-           "with dynamic aging for the rest; belady: furthest next use%s\n\n",
-           m->sizes_differ ? " (sizes differ: an approximation of the optimum)" : " (the optimum)");
+    printf("ferry: per layer a floor of the experts one token uses, then the lowest estimated "
+           "value of the next use first (next: the same without the floor); belady: furthest next "
+           "use%s%s\n\n",
+           m->sizes_differ ? " (sizes differ: an approximation of the optimum)" : " (the optimum)",
+           m->has_bound ? "; bound: the lowest probability of a use soon, by the trace's "
+                          "generating model" : "");
     printf("  %-8s %-10s %-8s %9s %9s %14s %9s\n", "cache", "bytes", "policy", "hit rate",
            "/ belady", "bytes/token", "/ belady");
     for (size_t i = 0; i < m->n_sizes; i++) {
@@ -47,7 +50,29 @@ static void moe_text(const moelab *m)
                    b->hit_rate > 0 ? r->hit_rate / b->hit_rate : 0, r->bytes_per_token,
                    b->bytes_per_token > 0 ? r->bytes_per_token / b->bytes_per_token : 0);
         }
+        if (m->has_bound) {
+            const moelab_result *r = &z->bound;
+            printf("  %-8s %-10s %-8s %9.4f %9.3f %14.0f %9.3f\n", "", "", "bound", r->hit_rate,
+                   b->hit_rate > 0 ? r->hit_rate / b->hit_rate : 0, r->bytes_per_token,
+                   b->bytes_per_token > 0 ? r->bytes_per_token / b->bytes_per_token : 0);
+        }
     }
+}
+
+static void moe_json_result(cli_json *j, const moelab_result *r)
+{
+    cli_json_begin_object(j, 1);
+    cli_json_key(j, "uses");
+    cli_json_u64(j, r->uses);
+    cli_json_key(j, "hits");
+    cli_json_u64(j, r->hits);
+    cli_json_key(j, "bytes_read");
+    cli_json_u64(j, r->bytes_read);
+    cli_json_key(j, "hit_rate");
+    cli_json_f64(j, r->hit_rate);
+    cli_json_key(j, "bytes_per_token");
+    cli_json_f64(j, r->bytes_per_token);
+    cli_json_end_object(j);
 }
 
 static void moe_json(const moelab *m)
@@ -83,21 +108,14 @@ static void moe_json(const moelab *m)
         cli_json_key(&j, "bytes");
         cli_json_u64(&j, z->capacity);
         for (int c = 0; c < MOELAB_N_COLS; c++) {
-            const moelab_result *r = &z->r[c];
             cli_json_key(&j, moe_col_name(c));
-            cli_json_begin_object(&j, 1);
-            cli_json_key(&j, "uses");
-            cli_json_u64(&j, r->uses);
-            cli_json_key(&j, "hits");
-            cli_json_u64(&j, r->hits);
-            cli_json_key(&j, "bytes_read");
-            cli_json_u64(&j, r->bytes_read);
-            cli_json_key(&j, "hit_rate");
-            cli_json_f64(&j, r->hit_rate);
-            cli_json_key(&j, "bytes_per_token");
-            cli_json_f64(&j, r->bytes_per_token);
-            cli_json_end_object(&j);
+            moe_json_result(&j, &z->r[c]);
         }
+        cli_json_key(&j, "bound");
+        if (m->has_bound)
+            moe_json_result(&j, &z->bound);
+        else
+            cli_json_null(&j);
         cli_json_end_object(&j);
     }
     cli_json_end_array(&j);
@@ -122,10 +140,12 @@ static int bench_moe(int argc, char **argv)
         "usage: ferry bench --moe [--trace FILE | synthetic options] [options]\n"
         "\n"
         "Replays a routing trace of mixture-of-experts layers through ferry's expert eviction\n"
-        "policy, LRU, LFU (with dynamic aging) and LRFU, beside the offline optimum (Belady's\n"
-        "furthest next use; an approximation when experts differ in size), at caches of 1/8, 1/4\n"
-        "and 1/2 of the experts: hit rate and bytes read per token. A simulation over expert ids\n"
-        "and bytes: nothing is read, nothing timed.\n"
+        "policy, LRU, LFU (with dynamic aging), LRFU and next (ferry's without its per-layer\n"
+        "floor), beside the offline optimum (Belady's furthest next use; an approximation when\n"
+        "experts differ in size) and, for a synthetic trace, an online bound (evicting by the\n"
+        "trace's generating model), at caches of 1/8, 1/4 and 1/2 of the experts: hit rate and\n"
+        "bytes read per token. A simulation over expert ids and bytes: nothing is read, nothing\n"
+        "timed.\n"
         "\n"
         "The trace file has one line per token; on it, per layer, a field L<layer>:<e>,<e>,...\n"
         "(the experts its router chose), fields separated by spaces; '#' starts a comment line.\n"
