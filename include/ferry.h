@@ -1024,7 +1024,7 @@ typedef enum ferry_cache_policy {
     FERRY_CACHE_LRU,       /* least recently used first */
     FERRY_CACHE_LFU,       /* least frequently used first, with dynamic aging (LFU-DA) */
     FERRY_CACHE_LRFU,      /* lowest combined recency and frequency first (LRFU) */
-    FERRY_CACHE_LFU_FLOOR, /* ferry's expert policy before 0.3: per group a floor of F units
+    FERRY_CACHE_LFU_FLOOR, /* ferry's earlier expert policy, for comparison: per group a floor of F units
                             * kept while other groups hold more (F as for FERRY_CACHE_FERRY),
                             * the units of the group's last F uses evicted after its others,
                             * LFU-DA among the rest */

@@ -114,7 +114,7 @@ static uint32_t group_of(const ferry__moe_policy *p, uint32_t id)
     return p->group ? p->group[id] : 0;
 }
 
-/* Reuses weigh as much as this many of the group's before a unit's own rate counts. */
+/* A unit's rate of reuse is drawn towards its group's with the weight of this many uses. */
 #define NEXT_PRIOR 4.0
 
 /* NEXT's value of unit ID (BYTES): the probability of its first next use, halved per period of

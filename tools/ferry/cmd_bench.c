@@ -30,13 +30,13 @@ static void moe_text(const moelab *m)
            t->used, cli_size(m->total_bytes, s1),
            cli_size(m->total_bytes / ((uint64_t)t->layers * t->experts), s2),
            m->sizes_differ ? " on average" : "");
-    printf("ferry: per layer a floor of the experts one token uses, then the lowest estimated "
-           "value of the next use first (next: the same without the floor); belady: furthest next "
-           "use%s%s\n\n",
+    printf("ferry: the lowest estimated value of the next use first (learned per expert and "
+           "layer); lfu-floor: ferry's before, a floor per layer, the last token's experts, LFU "
+           "with dynamic aging; belady: furthest next use%s%s\n\n",
            m->sizes_differ ? " (sizes differ: an approximation of the optimum)" : " (the optimum)",
            m->has_bound ? "; bound: the lowest probability of a use soon, by the trace's "
                           "generating model" : "");
-    printf("  %-8s %-10s %-8s %9s %9s %14s %9s\n", "cache", "bytes", "policy", "hit rate",
+    printf("  %-8s %-10s %-9s %9s %9s %14s %9s\n", "cache", "bytes", "policy", "hit rate",
            "/ belady", "bytes/token", "/ belady");
     for (size_t i = 0; i < m->n_sizes; i++) {
         const moelab_size *z = &m->sizes[i];
@@ -45,14 +45,14 @@ static void moe_text(const moelab *m)
             const moelab_result *r = &z->r[c];
             char slots[24];
             snprintf(slots, sizeof slots, "%llu", (unsigned long long)z->slots);
-            printf("  %-8s %-10s %-8s %9.4f %9.3f %14.0f %9.3f\n", c ? "" : slots,
+            printf("  %-8s %-10s %-9s %9.4f %9.3f %14.0f %9.3f\n", c ? "" : slots,
                    c ? "" : cli_size(z->capacity, s1), moe_col_name(c), r->hit_rate,
                    b->hit_rate > 0 ? r->hit_rate / b->hit_rate : 0, r->bytes_per_token,
                    b->bytes_per_token > 0 ? r->bytes_per_token / b->bytes_per_token : 0);
         }
         if (m->has_bound) {
             const moelab_result *r = &z->bound;
-            printf("  %-8s %-10s %-8s %9.4f %9.3f %14.0f %9.3f\n", "", "", "bound", r->hit_rate,
+            printf("  %-8s %-10s %-9s %9.4f %9.3f %14.0f %9.3f\n", "", "", "bound", r->hit_rate,
                    b->hit_rate > 0 ? r->hit_rate / b->hit_rate : 0, r->bytes_per_token,
                    b->bytes_per_token > 0 ? r->bytes_per_token / b->bytes_per_token : 0);
         }
@@ -140,8 +140,8 @@ static int bench_moe(int argc, char **argv)
         "usage: ferry bench --moe [--trace FILE | synthetic options] [options]\n"
         "\n"
         "Replays a routing trace of mixture-of-experts layers through ferry's expert eviction\n"
-        "policy, LRU, LFU (with dynamic aging), LRFU and next (ferry's without its per-layer\n"
-        "floor), beside the offline optimum (Belady's furthest next use; an approximation when\n"
+        "policy, LRU, LFU (with dynamic aging), LRFU and lfu-floor (the policy ferry used\n"
+        "before), beside the offline optimum (Belady's furthest next use; an approximation when\n"
         "experts differ in size) and, for a synthetic trace, an online bound (evicting by the\n"
         "trace's generating model), at caches of 1/8, 1/4 and 1/2 of the experts: hit rate and\n"
         "bytes read per token. A simulation over expert ids and bytes: nothing is read, nothing\n"
