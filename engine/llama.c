@@ -10,8 +10,9 @@
  *
  * A mixture-of-experts layer keeps its experts in 3-D tensors (n_expert, rows, cols), expert e
  * the e-th block of rows, and each expert is a slice of its own (ferry_slice): the experts a
- * batch routes to are brought in by prepare_experts and let go by release_experts, and the ones
- * predicted for the next layer are prefetched while this layer computes. Where a tensor cannot be
+ * batch routes to are brought in by prepare_experts and let go by release_experts, and with
+ * look-ahead the ones predicted for the next layer are guessed (ferry_prefetch_guess) while this
+ * layer computes. Where a tensor cannot be
  * sliced (an adapter merged into it), the whole tensor is used.
  */
 #include <math.h>
@@ -57,7 +58,8 @@ struct llama {
     uint32_t n_ctx;
     pool *pool;
     int lora_runtime;          /* apply adapter factors here (ferry merges them otherwise) */
-    int lookahead;             /* prefetch the next layer's predicted experts */
+    int lookahead;             /* prefetch the next layer's predicted experts (a guess) */
+    float lookahead_min;       /* ... those of router probability at least this */
     int f16_arith;             /* attention's f16 steps rounded as in f16 arithmetic */
 
     /* weights */
@@ -91,6 +93,7 @@ struct llama {
     float *sel_w;              /* (batch_cap, n_expert_used) their renormalised weights */
     uint32_t *pred;            /* (batch_cap, n_expert_used) the experts predicted for the next
                                   layer, ascending */
+    float *pred_p;             /* (batch_cap, n_expert_used) their router probabilities */
     uint32_t *routes;          /* (batch_cap, n_layer, n_expert_used) ascending, for the caller */
     uint32_t routes_n;         /* tokens of the last batch in routes */
     uint64_t pred_hits, pred_total;
@@ -478,6 +481,7 @@ void llama_destroy(llama *m)
     free(m->sel);
     free(m->sel_w);
     free(m->pred);
+    free(m->pred_p);
     free(m->routes);
     free(m);
 }
@@ -487,6 +491,8 @@ const llama_config *llama_get_config(const llama *m) { return &m->c; }
 void llama_set_lora_runtime(llama *m, int on) { m->lora_runtime = on; }
 
 void llama_set_lookahead(llama *m, int on) { m->lookahead = on; }
+
+void llama_set_lookahead_min(llama *m, float p) { m->lookahead_min = p; }
 
 /* ---- matrix-vector products over the pool -------------------------------------------------- */
 
@@ -1126,8 +1132,16 @@ static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t e
         rc = matvec(m, w->router, m->xb, m->router_logits, err, errlen);
     if (rc)
         return rc;
-    top_k(m->router_logits, c->n_expert, k, pr); /* softmax keeps the order */
+    float *p = m->router_logits, max = -INFINITY;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        max = p[e] > max ? p[e] : max;
+    double sum = 0;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        sum += p[e] = vexpf(p[e] - max);
+    top_k(p, c->n_expert, k, pr);
     sort_ids(pr, k);
+    for (uint32_t i = 0; i < k; i++)
+        m->pred_p[(uint64_t)t * k + i] = (float)(p[pr[i]] / sum);
     return 0;
 }
 
@@ -1208,15 +1222,11 @@ static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
     return n;
 }
 
-/* Reads ahead what layer L computes with, and its experts IDS (K of them, ascending). */
-static void prefetch_layer(llama *m, uint32_t l, const uint32_t *ids, uint32_t k)
+/* Reads ahead what layer L computes with (its experts are guessed in moe_layer). */
+static void prefetch_layer(llama *m, uint32_t l)
 {
     ferry_tensor *ts[LAYER_TENSORS];
     ferry_prefetch(m->f, ts, layer_list(m, l, ts));
-    if (k && m->c.n_expert) {
-        ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
-        ferry_prefetch(m->f, ex, experts_list(m, l, ids, k, ex));
-    }
 }
 
 /* Grows the per-token buffers of a batch to N tokens. */
@@ -1237,9 +1247,11 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
         m->sel_w = sw ? sw : m->sel_w;
         uint32_t *pred = realloc(m->pred, k * sizeof *pred);
         m->pred = pred ? pred : m->pred;
+        float *pred_p = realloc(m->pred_p, k * sizeof *pred_p);
+        m->pred_p = pred_p ? pred_p : m->pred_p;
         uint32_t *routes = realloc(m->routes, k * c->n_layer * sizeof *routes);
         m->routes = routes ? routes : m->routes;
-        failed |= !sel || !sw || !pred || !routes;
+        failed |= !sel || !sw || !pred || !pred_p || !routes;
     }
     if (failed) {
         say(err, errlen, "out of memory for a batch of %u tokens", n);
@@ -1278,16 +1290,18 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
         return rc;
     /* the experts predicted for the next layer are read while these compute, not before these
-     * are held */
+     * are held; as guesses (ferry_prefetch_guess), so a wrong one costs its read, never an
+     * expert the policy would have kept */
     if (l + 1 < c->n_layer && m->lookahead) {
         uint8_t want[LLAMA_MAX_EXPERTS] = {0};
         for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
-            want[m->pred[i]] = 1;
+            want[m->pred[i]] |= m->pred_p[i] >= m->lookahead_min;
         uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
         for (uint32_t e = 0; e < c->n_expert; e++)
             if (want[e])
                 next[kn++] = e;
-        prefetch_layer(m, l + 1, next, kn);
+        ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
+        ferry_prefetch_guess(m->f, ex, experts_list(m, l + 1, next, kn, ex));
     }
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
@@ -1334,7 +1348,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
             return rc;
         /* while this layer computes, the next one (or the head) is read */
         if (l + 1 < c->n_layer)
-            prefetch_layer(m, l + 1, NULL, 0);
+            prefetch_layer(m, l + 1);
         else
             ferry_prefetch(m->f, hd, 2);
         if (c->n_expert)
@@ -1354,7 +1368,7 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
     }
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
-    prefetch_layer(m, 0, NULL, 0);
+    prefetch_layer(m, 0);
     for (uint32_t t = 0; t < n && !rc; t++) {
         memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);

@@ -84,6 +84,9 @@ void llama_set_lora_runtime(llama *m, int on);
  * default: with about a third of the predictions wrong, the wrong experts' reads cost more than the
  * stalls the right ones save when the disk is the bound (bench/README.md, MoE). */
 void llama_set_lookahead(llama *m, int on);
+/* Look-ahead: only the predictions of router probability at least P (0, the default: all) are
+ * fetched. */
+void llama_set_lookahead_min(llama *m, float p);
 /* The configuration read at create. */
 const llama_config *llama_get_config(const llama *m);
 

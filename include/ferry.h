@@ -640,6 +640,20 @@ FERRY_API int ferry_release_all(ferry *f);
 /* Asynchronous hint: starts bringing TS towards their compute devices as far as the budget allows.
  * Never blocks on I/O. */
 FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
+/* Asynchronous guess: as ferry_prefetch, for slices (ferry_slice) the engine may use soon but may
+ * not, such as the experts a router predicts for a later layer; it never costs the engine a unit
+ * it would have kept. A slice of TS that is not in place is loaded only into room its budget has
+ * free (pooled buffers included) or over cached slices that the expert policy would give up before
+ * it (ranked to go first were it resident: never one of its layer's last token's choice, never
+ * one the policy values more); never over a tensor that is no slice, a slice in use, or a slice a
+ * guess keeps. Every slice of TS (cached, loading, or loaded by this call) is kept: other loads
+ * evict it only when nothing else can go, until the next prepare of a slice of its layer (then
+ * it was used or the guess was wrong). Where no room is found the slice is not loaded (no error);
+ * a later prepare loads it. Under FERRY_SLICE_EVICT_CYCLIC, and for tensors that are no slices,
+ * only free room is used and nothing is kept. ferry_get_stats counts the bytes guesses loaded and
+ * those dropped unused. Never blocks on I/O. Returns 0, or FERRY_EINVAL (F NULL, or TS NULL with
+ * N > 0); a tensor that cannot be used is passed over. Thread-safe. */
+FERRY_API int ferry_prefetch_guess(ferry *f, ferry_tensor *const *ts, size_t n);
 /* The data pointer of a prepared tensor on its compute device (a device address for accelerators),
  * NULL when T is not prepared or is split over several devices (see ferry_tensor_get_part).
  * A lazy tensor is always host memory behind the file mapping, whatever its compute device (as
@@ -982,6 +996,8 @@ typedef struct ferry_stats {
     uint64_t locked_bytes;        /* mlock'd on policy request */
     uint64_t lock_failures;       /* mlock calls refused (RLIMIT_MEMLOCK) */
     double wait_seconds;          /* time prepare spent waiting */
+    uint64_t guess_bytes;         /* loaded by ferry_prefetch_guess */
+    uint64_t guess_unused_bytes;  /* of them, dropped before any prepare used them */
 } ferry_stats;
 
 /* A snapshot of the counters. */

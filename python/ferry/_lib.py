@@ -151,7 +151,8 @@ class Stats(Structure):
                 ("cached_bytes", c_uint64), ("bytes_read", c_uint64), ("bytes_copied", c_uint64),
                 ("prepares", c_uint64), ("prefetch_hits", c_uint64),
                 ("prefetch_misses", c_uint64), ("evictions", c_uint64), ("locked_bytes", c_uint64),
-                ("lock_failures", c_uint64), ("wait_seconds", c_double)]
+                ("lock_failures", c_uint64), ("wait_seconds", c_double),
+                ("guess_bytes", c_uint64), ("guess_unused_bytes", c_uint64)]
 
 
 #: Every struct the package mirrors, by its C name (the layout test compares them with C).
@@ -202,6 +203,7 @@ _FUNCS = {
     "ferry_release": (c_int, [P, _PP, c_size_t]),
     "ferry_release_all": (c_int, [P]),
     "ferry_prefetch": (c_int, [P, _PP, c_size_t]),
+    "ferry_prefetch_guess": (c_int, [P, _PP, c_size_t]),
     "ferry_tensor_data": (c_void_p, [P]),
     "ferry_tensor_nbytes": (c_uint64, [P]),
     "ferry_tensor_dtype": (c_int, [P]),

@@ -175,6 +175,12 @@ struct ferry_tensor {
     int is_slice;
     uint64_t slice_first, slice_count;
     int moe_held;             /* memory.c: counted as holding memory by the expert policy */
+    /* ferry_prefetch_guess: named by a guess at its layer's use clock GUESS_AT (kept from other
+     * loads' evictions while that clock has not moved); GUESS_LOADED: its copy a guess's load,
+     * not used since */
+    int guessed, guess_loaded;
+    uint64_t guess_at;
+    uint64_t moe_prep;        /* slice.c: its layer's prepare count (moe.group_prep) at its last use */
 
     /* expectation */
     int has_expect;
@@ -211,6 +217,7 @@ typedef struct ferry__job {
     int prefetch;
     int guess;                /* a prefetch in file order before a schedule (counted in
                                  ferry.prefetch.inflight_guess) */
+    int hint;                 /* queued by ferry_prefetch_guess */
     int fill;                 /* FILL_HOST | FILL_COMP */
     uint64_t epoch;           /* LoRA epoch when queued */
     /* The placement the job works to, fixed when it is queued: a loader never reads policies or
@@ -320,7 +327,10 @@ struct ferry {
         size_t n_ids, n_groups;
         uint64_t dense_set;   /* the most bytes of units that are no slices in one prepare */
         uint64_t expert_set;  /* the most bytes of slices in one prepare */
+        uint64_t *group_prep; /* per group: prepares that used slices of it (n_groups) */
         const ferry_tensor *loading; /* jobs.c: the unit whose copies are being reserved */
+        const ferry_tensor *guess;   /* prepare.c: the same, for ferry_prefetch_guess (memory.c
+                                        evicts only what the expert policy ranks below it) */
     } moe;
     uint64_t clock;           /* LRU clock: jobs.c and prepare.c tick it */
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
@@ -514,6 +524,9 @@ int ferry__moe_add(ferry *f, ferry_tensor *t, ferry__err *e);
 /* Tells the expert policy of the uses of the expert units among U (a prepare's), and raises the
  * floor and the largest sets from them. */
 void ferry__moe_used(ferry *f, ferry_tensor *const *u, size_t nu);
+/* Whether T is kept from eviction by a guess (ferry_prefetch_guess): named since its layer's
+ * last use. */
+int ferry__guess_kept(const ferry *f, const ferry_tensor *t);
 /* Evicts cached copies until DEV is within its budget (after a budget change). */
 void ferry__shrink(ferry *f, int dev);
 /* The budget test of a load against device DEV, lock held: KEPT bytes that are never evicted

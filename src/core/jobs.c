@@ -343,13 +343,24 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     j->lock = ferry__policy_of(f, t)->lock && !t->lazy;
     j->t = t;
     j->prefetch = prefetch;
+    j->hint = prefetch && f->moe.guess == t;
     j->fill = fill;
     j->next = NULL;
-    if (f->jobs.queue_tail)
-        f->jobs.queue_tail->next = j;
-    else
-        f->jobs.queue_head = j;
-    f->jobs.queue_tail = j;
+    /* a demand load goes before the prefetches not started: a prepare waits for it now, they
+     * are for later */
+    ferry__job **pp = &f->jobs.queue_head;
+    while (!prefetch && *pp && !(*pp)->prefetch)
+        pp = &(*pp)->next;
+    if (prefetch || !*pp) {
+        if (f->jobs.queue_tail)
+            f->jobs.queue_tail->next = j;
+        else
+            f->jobs.queue_head = j;
+        f->jobs.queue_tail = j;
+    } else {
+        j->next = *pp;
+        *pp = j;
+    }
     if (prefetch)
         f->prefetch.inflight_prefetch++;
     pthread_cond_signal(&f->work);
@@ -593,6 +604,10 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
         if (fill & FILL_HOST)
             ferry__copy_ready(f, t, &t->host);
         if (fill & FILL_COMP) {
+            if (j->hint) {
+                t->guess_loaded = 1;
+                f->stats.guess_bytes += j->out_bytes;
+            }
             t->comp.ahead = j->prefetch;
             t->comp.last_use = ++f->clock;
             t->comp.epoch = j->epoch;

@@ -185,6 +185,7 @@ void ferry_destroy(ferry *f)
     ferry__moe_policy_free(&f->moe.p);
     free(f->moe.group);
     free(f->moe.layer);
+    free(f->moe.group_prep);
     ferry_catalog_destroy(f->cat);
     pthread_cond_destroy(&f->work);
     pthread_rwlock_destroy(&f->trace.lock);

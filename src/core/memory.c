@@ -9,8 +9,9 @@
  * from the device's evictable set, which ferry__evictable_note keeps up to date in O(1) as copies
  * become cached or taken. Copies in use (refs > 0), copies being loaded and home copies are never
  * in it. Two kinds of units share a budget (ferry__evict_share_pick): slices, by the expert
- * policy (ferry.moe), and the rest, by the cyclic policy (ferry.evictor). ferry never goes over a budget: when nothing more can be evicted the reservation fails
- * with FERRY_EBUDGET.
+ * policy (ferry.moe), and the rest, by the cyclic policy (ferry.evictor). ferry never goes over a
+ * budget: when nothing more can be evicted the reservation fails with FERRY_EBUDGET. A guess
+ * (ferry_prefetch_guess) takes only free room or what the expert policy values below its unit.
  *
  * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
  * exists because fresh memory is expensive: first touch of anonymous host memory is slow on
@@ -149,6 +150,10 @@ static void moe_sync(ferry *f, ferry_tensor *t)
 
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
 {
+    if (c == &t->comp && t->guess_loaded) {
+        f->stats.guess_unused_bytes += t->out_bytes; /* a guess's load that no prepare used */
+        t->guess_loaded = 0;
+    }
     if (c->locked && c->ptr && c->mem.arena)
         ferry__arena_unlock(c->ptr, c->locked);
     else if (c->locked && c->ptr)
@@ -207,36 +212,49 @@ void ferry__evictable_note(ferry *f, ferry_tensor *t)
 typedef struct ev_iter {
     ferry *f;
     ferry_tensor *next;
+    int kind;             /* -1: every candidate; 1: expert units only; 0: the others */
+    int skip_kept;        /* pass over the copies a guess keeps (ferry__guess_kept) */
+    int guess;            /* for a guess: only expert units not of their layer's latest choice
+                             that the expert policy ranks to go before ... */
+    uint64_t guess_order; /* ... the guessed unit itself (this is its order) */
 } ev_iter;
+
+int ferry__guess_kept(const ferry *f, const ferry_tensor *t)
+{
+    return t->guessed && ferry__expert_unit(f, t) && t->uid < f->moe.n_ids &&
+           f->moe.p.group_clock[f->moe.group[t->uid]] == t->guess_at;
+}
+
+/* Whether expert unit T was among its layer's latest choice (the last prepare of its layer). */
+static int moe_recent(const ferry *f, const ferry_tensor *t)
+{
+    uint32_t g = f->moe.group[t->uid];
+    return t->moe_prep && t->moe_prep == f->moe.group_prep[g];
+}
+
+static ferry__evict_cand cand_of(const ferry *f, const ferry_tensor *t)
+{
+    return (ferry__evict_cand){.id = t->uid,
+                               .bytes = t->comp.mem.size,
+                               .age = f->clock - t->comp.last_use,
+                               .ahead = t->comp.ahead};
+}
 
 static int ev_next(void *ctx, ferry__evict_cand *c)
 {
     ev_iter *it = ctx;
-    ferry_tensor *t = it->next;
-    if (!t)
-        return 0;
-    it->next = t->ev_next;
-    *c = (ferry__evict_cand){.id = t->uid,
-                             .bytes = t->comp.mem.size,
-                             .age = it->f->clock - t->comp.last_use,
-                             .ahead = t->comp.ahead};
-    return 1;
-}
-
-/* The candidates of one kind: expert units (EXPERT) or the others. */
-typedef struct kind_iter {
-    ev_iter it;
-    int expert;
-} kind_iter;
-
-static int kind_next(void *ctx, ferry__evict_cand *c)
-{
-    kind_iter *k = ctx;
-    while (k->it.next) {
-        int expert = ferry__expert_unit(k->it.f, k->it.next);
-        if (expert == k->expert)
-            return ev_next(&k->it, c);
-        k->it.next = k->it.next->ev_next;
+    for (ferry_tensor *t = it->next; t; t = it->next) {
+        it->next = t->ev_next;
+        int expert = ferry__expert_unit(it->f, t);
+        if ((it->kind >= 0 && expert != it->kind) || (it->skip_kept && ferry__guess_kept(it->f, t)))
+            continue;
+        *c = cand_of(it->f, t);
+        uint64_t order;
+        if (it->guess && (!expert || moe_recent(it->f, t) ||
+                          !it->f->moe.ev.ops->order(it->f->moe.ev.state, c, 0, &order) ||
+                          order <= it->guess_order))
+            continue;
+        return 1;
     }
     return 0;
 }
@@ -264,7 +282,7 @@ static uint64_t dense_pass_bytes(const ferry *f, int dev)
 /* The victim on DEV when slices hold some of it or one is loading: two kinds under one budget
  * (ferry__evict_share_pick), the dense kind by the cyclic policy with the floor and share of its
  * working set, the expert kind by the expert policy with its floor's bytes and the rest. */
-static uint32_t pick_shared(ferry *f, int dev, uint64_t min_dist)
+static uint32_t pick_shared(ferry *f, int dev, uint64_t min_dist, int skip_kept)
 {
     ferry__dev *D = &f->devs[dev];
     uint64_t used[2] = {0, 0};
@@ -289,12 +307,12 @@ static uint32_t pick_shared(ferry *f, int dev, uint64_t min_dist)
     uint64_t units = min_u64(p->floor, p->resident / p->n_groups) * p->n_groups;
     uint64_t expert_floor = min_u64(units * per_unit, avail - dense_floor);
     expert_floor = min_u64(expert_floor, avail > f->moe.dense_set ? avail - f->moe.dense_set : 0);
-    kind_iter it[2] = {{.it = {.f = f, .next = D->evictable}, .expert = 0},
-                       {.it = {.f = f, .next = D->evictable}, .expert = 1}};
+    ev_iter it[2] = {{.f = f, .next = D->evictable, .kind = 0, .skip_kept = skip_kept},
+                     {.f = f, .next = D->evictable, .kind = 1, .skip_kept = skip_kept}};
     ferry__evict_kind k[2] = {
-        {.policy = f->evictor, .next = kind_next, .ctx = &it[0], .floor = dense_floor,
+        {.policy = f->evictor, .next = ev_next, .ctx = &it[0], .floor = dense_floor,
          .share = dense_floor, .used = used[0]},
-        {.policy = f->moe.ev, .next = kind_next, .ctx = &it[1], .floor = expert_floor,
+        {.policy = f->moe.ev, .next = ev_next, .ctx = &it[1], .floor = expert_floor,
          .share = avail - dense_floor, .used = used[1]},
     };
     return ferry__evict_share_pick(k, 2, (size_t)loading, min_dist, NULL);
@@ -303,7 +321,10 @@ static uint32_t pick_shared(ferry *f, int dev, uint64_t min_dist)
 /* The cached copy on DEV to evict, or NULL when none: the policy's pick of DEV's evictable set
  * (for a load needed MIN_DIST prepares from now; 0: a demand load). With slices in play the
  * shared rule first; when it finds nothing (floors too tight for the loads at hand) the cyclic
- * policy over every candidate, so a load fails only when nothing at all can go. */
+ * policy over every candidate, so a load fails only when nothing at all can go. Before all, a
+ * guess's load that its layer's prepare did not use (a wrong guess); then each rule first without
+ * the slices a guess keeps (ferry_prefetch_guess). For a guess's own load (moe.guess) only the
+ * expert policy's units ranked to go before the guessed unit, never what a guess keeps. */
 static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
 {
 #ifndef NDEBUG
@@ -318,14 +339,36 @@ static ferry_tensor *pick_victim(ferry *f, int dev, uint64_t min_dist)
         }
     }
 #endif
-    if (f->moe.on) {
-        uint32_t id = pick_shared(f, dev, min_dist);
+    /* a guess's load that its layer's prepare did not use was a wrong guess: it goes first */
+    for (ferry_tensor *t = f->devs[dev].evictable; t; t = t->ev_next)
+        if (t->guess_loaded && ferry__expert_unit(f, t) && !ferry__guess_kept(f, t))
+            return t;
+    const ferry_tensor *g = f->moe.guess;
+    if (g) {
+        /* a guess: only expert units the expert policy would give up before the guessed one */
+        if (!ferry__expert_unit(f, g) || !f->moe.ev.ops)
+            return NULL;
+        ev_iter it = {.f = f, .next = f->devs[dev].evictable, .kind = 1, .skip_kept = 1,
+                      .guess = 1};
+        ferry__evict_cand c = cand_of(f, g);
+        if (!f->moe.ev.ops->order(f->moe.ev.state, &c, 0, &it.guess_order))
+            return NULL;
+        uint32_t id = ferry__evict_pick(&f->moe.ev, ev_next, &it, 0);
+        return id < f->n_all ? f->all[id] : NULL;
+    }
+    /* what a guess keeps goes only when nothing else can */
+    for (int skip_kept = 1; skip_kept >= 0 && f->moe.on; skip_kept--) {
+        uint32_t id = pick_shared(f, dev, min_dist, skip_kept);
         if (id < f->n_all)
             return f->all[id];
     }
-    ev_iter it = {.f = f, .next = f->devs[dev].evictable};
-    uint32_t id = ferry__evict_pick(&f->evictor, ev_next, &it, min_dist);
-    return id == FERRY__SCHED_NONE ? NULL : f->all[id];
+    for (int skip_kept = 1; skip_kept >= 0; skip_kept--) {
+        ev_iter it = {.f = f, .next = f->devs[dev].evictable, .kind = -1, .skip_kept = skip_kept};
+        uint32_t id = ferry__evict_pick(&f->evictor, ev_next, &it, min_dist);
+        if (id != FERRY__SCHED_NONE)
+            return f->all[id];
+    }
+    return NULL;
 }
 
 static void evict(ferry *f, ferry_tensor *t)

@@ -630,6 +630,7 @@ int ferry__prepare_finish(ferry *f, ferry_tensor *const *ts, size_t n, ferry_ten
     for (size_t i = 0; i < nu; i++) {
         u[i]->comp.last_use = ++f->clock;
         u[i]->comp.ahead = 0;
+        u[i]->guess_loaded = 0;
     }
     if (f->moe.on)
         ferry__moe_used(f, u, nu);
@@ -745,6 +746,33 @@ int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n)
         }
         if (stop)
             break;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+int ferry_prefetch_guess(ferry *f, ferry_tensor *const *ts, size_t n)
+{
+    if (!f || (n && !ts))
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < n; i++) {
+        if (ferry__usable(f, ts[i], NULL))
+            continue;
+        int nparts = ts[i]->n_parts ? ts[i]->n_parts : 1;
+        for (int k = 0; k < nparts; k++) {
+            ferry_tensor *t = ts[i]->n_parts ? ts[i]->parts[k] : ts[i];
+            if (ferry__expert_unit(f, t) && t->uid < f->moe.n_ids) {
+                /* kept from other loads until its layer's next use */
+                t->guessed = 1;
+                t->guess_at = f->moe.p.group_clock[f->moe.group[t->uid]];
+            }
+            if (t->lazy || t->comp.state != FERRY__EMPTY)
+                continue;
+            f->moe.guess = t;
+            (void)ferry__enqueue(f, t, 0, 1, UINT64_MAX, NULL); /* no room: not loaded */
+            f->moe.guess = NULL;
+        }
     }
     pthread_mutex_unlock(&f->lock);
     return 0;

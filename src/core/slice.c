@@ -69,10 +69,15 @@ int ferry__moe_add(ferry *f, ferry_tensor *t, ferry__err *e)
         g++;
     if (g == f->moe.n_groups) {
         int64_t *l = realloc(f->moe.layer, (g + 1) * sizeof *l);
-        if (!l)
+        if (l)
+            f->moe.layer = l;
+        uint64_t *gp = realloc(f->moe.group_prep, (g + 1) * sizeof *gp);
+        if (gp)
+            f->moe.group_prep = gp;
+        if (!l || !gp)
             return ferry__fail(e, FERRY_ENOMEM, "out of memory for a slice of '%s'",
                                t->parent->info.name);
-        f->moe.layer = l;
+        gp[g] = 0;
         l[g] = layer;
         f->moe.n_groups = g + 1;
     }
@@ -98,6 +103,18 @@ void ferry__moe_used(ferry *f, ferry_tensor *const *u, size_t nu)
 {
     uint64_t dense = 0, expert = 0;
     uint32_t most = 0;
+    /* each layer this prepare uses counts one prepare more; its units are its latest choice */
+    for (size_t i = 0; i < nu; i++)
+        if (ferry__expert_unit(f, u[i]))
+            u[i]->moe_prep = 0;
+    for (size_t i = 0; i < nu; i++)
+        if (ferry__expert_unit(f, u[i]) && !u[i]->moe_prep) {
+            uint32_t g = f->moe.group[u[i]->uid];
+            uint64_t now = ++f->moe.group_prep[g];
+            for (size_t j = i; j < nu; j++)
+                if (ferry__expert_unit(f, u[j]) && f->moe.group[u[j]->uid] == g)
+                    u[j]->moe_prep = now;
+        }
     for (size_t i = 0; i < nu; i++) {
         if (!ferry__expert_unit(f, u[i])) {
             dense += u[i]->out_bytes;

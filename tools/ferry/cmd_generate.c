@@ -103,14 +103,20 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "                         (the prompt's, then each generated token's but the last),\n"
         "                         the experts each layer used, ascending: L0:3,7 L1:0,5 ...\n"
         "  --lookahead on|off     mixture-of-experts models: prefetch the experts predicted for\n"
-        "                         the next layer while a layer computes (default off)\n"
+        "                         the next layer while a layer computes, as guesses that evict\n"
+        "                         only experts the expert policy values less (default off)\n"
+        "  --lookahead-min P      with --lookahead on: only predictions of router probability\n"
+        "                         at least P, 0 to 1 (default 0: all)\n"
         "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
         "                         routing_predictions for a mixture of experts: how many of\n"
         "                         the experts predicted for each next layer it then chose;\n"
-        "                         wait_seconds_per_token: the time prepares waited for bytes)\n"
+        "                         wait_seconds_per_token: the time prepares waited for bytes;\n"
+        "                         guess_bytes, guess_unused_bytes: what look-ahead read, and\n"
+        "                         of it what was dropped unused)\n"
         "%s";
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
-               *logits_path = NULL, *batch_s = NULL, *trace_path = NULL, *lookahead_s = NULL;
+               *logits_path = NULL, *batch_s = NULL, *trace_path = NULL, *lookahead_s = NULL,
+               *lookahead_min_s = NULL;
     int json = 0;
     cli_opt opts[16];
     size_t no = 0;
@@ -123,6 +129,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
     opts[no++] = (cli_opt){"trace-routing", 0, CLI_OPT_STRING, &trace_path};
     opts[no++] = (cli_opt){"lookahead", 0, CLI_OPT_STRING, &lookahead_s};
+    opts[no++] = (cli_opt){"lookahead-min", 0, CLI_OPT_STRING, &lookahead_min_s};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
     int npos = 0;
     int prc = runopts_parse_args("generate", rp, &argc, argv, opts, no, &npos);
@@ -221,6 +228,16 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     }
     if (lookahead_s)
         llama_set_lookahead(m, strcmp(lookahead_s, "on") == 0);
+    if (lookahead_min_s) {
+        char *end = NULL;
+        double p = strtod(lookahead_min_s, &end);
+        if (end == lookahead_min_s || *end || !(p >= 0 && p <= 1)) {
+            rc = cli_usage_error("generate", "--lookahead-min: '%s' (expected a probability, "
+                                 "0 to 1)", lookahead_min_s);
+            goto out;
+        }
+        llama_set_lookahead_min(m, (float)p);
+    }
     const llama_config *c = llama_get_config(m);
     for (long i = 0; i < np; i++)
         if (prompt_ids[i] >= c->vocab) {
@@ -365,6 +382,10 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_u64(&j, st.prefetch_misses);
         cli_json_key(&j, "wait_seconds_per_token");
         cli_json_f64(&j, evals ? st.wait_seconds / (double)evals : 0);
+        cli_json_key(&j, "guess_bytes");
+        cli_json_u64(&j, st.guess_bytes);
+        cli_json_key(&j, "guess_unused_bytes");
+        cli_json_u64(&j, st.guess_unused_bytes);
         if (c->n_expert) {
             cli_json_key(&j, "routing_predicted_hits");
             cli_json_u64(&j, route_hits);
