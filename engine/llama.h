@@ -79,10 +79,11 @@ void llama_destroy(llama *m);
  * adapter terms ferry_lora_factors gives for its weight. Off by default (merge mode: ferry merged
  * them into the staged copies already). */
 void llama_set_lora_runtime(llama *m, int on);
-/* Mixture of experts: nonzero prefetches the experts predicted for the next layer while a layer
- * computes; 0 (the default) brings each layer's experts in only once they are routed to. Off by
- * default: with about a third of the predictions wrong, the wrong experts' reads cost more than the
- * stalls the right ones save when the disk is the bound (bench/README.md, MoE). */
+/* Mixture of experts: nonzero guesses (ferry_prefetch_guess) the experts predicted for the next
+ * layer while a layer computes, so that a wrong guess costs its read and never an expert the
+ * policy would have kept; 0 (the default) brings each layer's experts in only once they are routed
+ * to. Off by default: with the disk as the bound the stalls it saves are a few percent
+ * (bench/README.md, MoE look-ahead). */
 void llama_set_lookahead(llama *m, int on);
 /* Look-ahead: only the predictions of router probability at least P (0, the default: all) are
  * fetched. */

@@ -145,7 +145,9 @@ int main(void)
                      "--ff 128 --vocab %d --heads 4 --dtype q8_0", moe, VOCAB), 0);
     char *t0 = NULL;
     static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB",
-                                     "--home disk --budget host=600KiB --lookahead on"};
+                                     "--home disk --budget host=600KiB --lookahead on",
+                                     "--home disk --budget host=600KiB --lookahead on "
+                                     "--lookahead-min 0.5"};
     for (size_t i = 0; i < sizeof moe_runs / sizeof moe_runs[0]; i++) {
         int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --trace-routing '%s' %s", moe,
                      trace, moe_runs[i]);
@@ -174,8 +176,16 @@ int main(void)
     }
     free(t0);
     CHECK(strstr(out_text, "\"wait_seconds_per_token\"") != NULL);
+    CHECK(strstr(out_text, "\"guess_bytes\"") != NULL);
+    CHECK(strstr(out_text, "\"guess_unused_bytes\"") != NULL);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --lookahead maybe", moe), 2);
     CHECK(strstr(err_text, "--lookahead") != NULL);
+    static const char *bad_min[] = {"1.5", "-0.1", "x", "0.5x", "nan"};
+    for (size_t i = 0; i < sizeof bad_min / sizeof bad_min[0]; i++) {
+        CHECK_EQ_INT(run("generate '%s' --tokens 1 --lookahead on --lookahead-min '%s'", moe,
+                         bad_min[i]), 2);
+        CHECK(strstr(err_text, "--lookahead-min") != NULL);
+    }
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --trace-routing '%s'", model, trace), 2);
     CHECK(strstr(err_text, "mixture of experts") != NULL);
     CHECK_EQ_INT(run("gen -q -o '%s/x.gguf' --experts 4", tmp), 2);
