@@ -1261,6 +1261,24 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
     return 0;
 }
 
+/* Guesses (ferry_prefetch_guess) the experts predicted for layer L + 1 by the batch's N tokens:
+ * a wrong guess costs its read, never an expert the policy would have kept. */
+static void guess_next(llama *m, uint32_t l, uint32_t n)
+{
+    const llama_config *c = &m->c;
+    if (l + 1 >= c->n_layer || !m->lookahead)
+        return;
+    uint8_t want[LLAMA_MAX_EXPERTS] = {0};
+    for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
+        want[m->pred[i]] |= m->pred_p[i] >= m->lookahead_min;
+    uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        if (want[e])
+            next[kn++] = e;
+    ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
+    ferry_prefetch_guess(m->f, ex, experts_list(m, l + 1, next, kn, ex));
+}
+
 /* Layer L of a mixture-of-experts model over the N tokens of the batch: attention and routing
  * for each in order, then the experts the batch chose brought in once, each token through its
  * own. */
@@ -1290,19 +1308,8 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
         return rc;
     /* the experts predicted for the next layer are read while these compute, not before these
-     * are held; as guesses (ferry_prefetch_guess), so a wrong one costs its read, never an
-     * expert the policy would have kept */
-    if (l + 1 < c->n_layer && m->lookahead) {
-        uint8_t want[LLAMA_MAX_EXPERTS] = {0};
-        for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
-            want[m->pred[i]] |= m->pred_p[i] >= m->lookahead_min;
-        uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
-        for (uint32_t e = 0; e < c->n_expert; e++)
-            if (want[e])
-                next[kn++] = e;
-        ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
-        ferry_prefetch_guess(m->f, ex, experts_list(m, l + 1, next, kn, ex));
-    }
+     * are held (guessed before, they would take no fewer reads: measured) */
+    guess_next(m, l, n);
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
