@@ -649,7 +649,8 @@ FERRY_API int ferry_prefetch(ferry *f, ferry_tensor *const *ts, size_t n);
  * guess keeps. Every slice of TS (cached, loading, or loaded by this call) is kept: other loads
  * evict it only when nothing else can go, until the next prepare of a slice of its layer (then
  * it was used or the guess was wrong). Where no room is found the slice is not loaded (no error);
- * a later prepare loads it. Under FERRY_SLICE_EVICT_CYCLIC, and for tensors that are no slices,
+ * a later prepare loads it. A guess never loads a home copy (home host not yet loaded, home
+ * device): only copies that come and go. Under FERRY_SLICE_EVICT_CYCLIC, and for tensors that are no slices,
  * only free room is used and nothing is kept. ferry_get_stats counts the bytes guesses loaded and
  * those dropped unused. Never blocks on I/O. Returns 0, or FERRY_EINVAL (F NULL, or TS NULL with
  * N > 0); a tensor that cannot be used is passed over. Thread-safe. */

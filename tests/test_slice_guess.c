@@ -3,7 +3,7 @@
  * room (counted in guess_bytes, a hit at its prepare, the right bytes); under a full budget it
  * evicts neither a dense tensor nor a layer's latest choice; a cached slice it names survives the
  * load that would have evicted it; a wrong guess is the first to go and is counted unused; a
- * device that fails its loads costs no error; and several threads guessing, preparing and
+ * device that fails its loads costs no error; it never loads a home copy; and several threads guessing, preparing and
  * releasing slices under a small budget always see the file's bytes within the budget.
  */
 #include <pthread.h>
@@ -245,6 +245,29 @@ static void test_errors(void)
     ferry_destroy(m.f);
 }
 
+/* A guess never loads a home copy, which would hold its room for good. */
+static void test_home_copy(void)
+{
+    ferry_options o = {.host_budget = 8 * UNIT, .no_schedule = 1};
+    ferry *f = ferry_create(&o);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .experts = 1};
+    CHECK_EQ_INT(ferry_open(f, g_path, NULL), 0);
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    ferry_tensor *t = ferry_find(f, "blk.0.ffn_up_exps.weight"), *s = NULL;
+    CHECK(t != NULL);
+    CHECK_EQ_INT(ferry_slice(f, t, 3, 1, &s), 0);
+    CHECK_EQ_INT(ferry_prefetch_guess(f, &s, 1), 0);
+    CHECK_EQ_INT(ferry_release_all(f), 0);
+    ferry_stats st;
+    ferry_get_stats(f, &st);
+    CHECK_EQ_INT(st.bytes_read, 0);
+    CHECK_EQ_INT(st.guess_bytes, 0);
+    CHECK_EQ_INT(ferry_prepare(f, &s, 1), 0);
+    CHECK(fixture_same_as_file(f, s));
+    CHECK_EQ_INT(ferry_release(f, &s, 1), 0);
+    ferry_destroy(f);
+}
+
 #define THREADS 4
 #define ROUNDS 150
 
@@ -333,6 +356,7 @@ int main(void)
         test_threads(devices[d]);
     }
     test_faults();
+    test_home_copy();
     test_errors();
     check_rmdir(dir);
     return check_finish();

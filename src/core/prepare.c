@@ -769,6 +769,11 @@ int ferry_prefetch_guess(ferry *f, ferry_tensor *const *ts, size_t n)
             }
             if (t->lazy || t->comp.state != FERRY__EMPTY)
                 continue;
+            /* only copies that come and go: a home copy would hold its room for good */
+            ferry_home home = ferry__effective_home(f, t);
+            if (!(home == FERRY_HOME_DISK ||
+                  (home == FERRY_HOME_HOST && t->host.state == FERRY__READY)))
+                continue;
             f->moe.guess = t;
             (void)ferry__enqueue(f, t, 0, 1, UINT64_MAX, NULL); /* no room: not loaded */
             f->moe.guess = NULL;
