@@ -522,6 +522,13 @@ class Manager:
         hs, arr = self._handles([names] if isinstance(names, str) else list(names))
         self._check(L.ferry_prefetch(self._p(), arr, len(hs)))
 
+    def prefetch_guess(self, names):
+        """Asynchronous guess (ferry_prefetch_guess): as prefetch, for slices ("NAME[E:E+1]") that
+        may not be used; loads only into free room or over slices the expert policy values less,
+        and keeps the named slices until their layer's next prepare."""
+        hs, arr = self._handles([names] if isinstance(names, str) else list(names))
+        self._check(L.ferry_prefetch_guess(self._p(), arr, len(hs)))
+
     def load(self, group=None):
         """Loads every tensor of GROUP (None: all) to its home, and returns when all are there."""
         self._check(L.ferry_load_group(self._p(), _b(group)))

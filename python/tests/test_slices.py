@@ -27,3 +27,17 @@ def test_slice_rows_are_the_tensors(models, fmt):  # noqa: F811
             m.prepare("token_embd.weight[5:5]")
         with pytest.raises(ferry.ENOENT):
             m.prepare("no_such.weight[0:1]")
+
+
+@pytest.mark.parametrize("fmt", ["gguf"])
+def test_prefetch_guess(models, fmt):  # noqa: F811
+    path = models[(fmt, "f16")]
+    with ferry.Manager() as m:
+        m.open(path)
+        m.group("all", "*", home="disk", load="read", experts=True)
+        whole = np.array(m.prepare("token_embd.weight"))
+        m.prefetch_guess(["token_embd.weight[2:3]", "token_embd.weight[9:10]"])
+        with m.prepared(["token_embd.weight[2:3]"]) as ts:
+            assert np.array_equal(np.asarray(ts[0]), whole[2:3])
+        st = m.stats()
+        assert st["guess_bytes"] >= st["guess_unused_bytes"] >= 0
