@@ -251,6 +251,17 @@ static void test_home_only_load_across_adapter_change(void)
                           ferry_find(f, "slow.3")};
     CHECK_EQ_INT(f->jobs.n_loaders, 4);
     CHECK_EQ_INT(ferry_prefetch(f, s, 4), 0);
+    /* the loaders take the prefetches before the group's load is queued: a demand load would
+     * otherwise go before prefetches not yet started */
+    int started = 0;
+    for (int i = 0; i < 2000 && !started; i++) {
+        pthread_mutex_lock(&f->lock);
+        started = f->jobs.queue_head == NULL;
+        pthread_mutex_unlock(&f->lock);
+        if (!started)
+            usleep(500);
+    }
+    CHECK(started);
     ferry_tensor *t = layer(f, 3);
     loader_arg la = {f, -1};
     pthread_t th;
