@@ -464,7 +464,20 @@ typedef struct ferry_options {
     ferry_slice_evict slice_evict; /* how cached slices are evicted (ferry_slice);
                                    FERRY_SLICE_EVICT_DEFAULT: $FERRY_SLICE_EVICT ("expert" or
                                    "cyclic"), else FERRY_SLICE_EVICT_EXPERT */
+    uint64_t io_request_bytes;  /* bytes of one read an I/O worker issues (a tensor's range is
+                                   cut into reads of this size, read by the workers in parallel);
+                                   0: $FERRY_IO_REQUEST (a size, "4MiB"), else 16 MiB. Clamped to
+                                   64 KiB .. 1 GiB, rounded down to 4 KiB. ferry_get_io_settings
+                                   gives the value in use. */
 } ferry_options;
+
+/* The I/O settings a manager runs with, as ferry_create resolved them from ferry_options and the
+ * environment. */
+typedef struct ferry_io_settings {
+    uint32_t io_threads;       /* I/O workers: reads in flight at once (io_uring: each up to 8) */
+    uint64_t request_bytes;    /* bytes of one read */
+    const char *backend;       /* "threads" or "uring" (a static string) */
+} ferry_io_settings;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
  * is above what the host can ever hold (ferry_set_budget on a manager made without it says why).
@@ -478,6 +491,9 @@ FERRY_API void ferry_destroy(ferry *f);
  * until F is destroyed. A call refused with FERRY_EINVAL for a NULL argument leaves it unchanged.
  * A manager created later, even at the same address, starts with none. */
 FERRY_API const char *ferry_errmsg(const ferry *f);
+
+/* F's I/O settings into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */
+FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
 
 /* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",
  * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id.

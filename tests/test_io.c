@@ -316,6 +316,11 @@ static void test_pool(const ferry__iofile *f, const char *backend, const char *w
     CHECK_STR(ferry__io_backend(io), want);
     via_pool = io;
     test_modes(f);
+    /* the same matrix with the smallest reads a pool may issue: many chunks per request */
+    CHECK_EQ_INT(ferry__io_set_chunk(io, FERRY__IO_CHUNK_MIN), FERRY__IO_CHUNK_MIN);
+    CHECK_EQ_INT(ferry__io_chunk(io), FERRY__IO_CHUNK_MIN);
+    test_modes(f);
+    ferry__io_set_chunk(io, 0);
     via_pool = NULL;
 
     const uint64_t S = FILE_SIZE;
@@ -348,22 +353,31 @@ static void test_pool(const ferry__iofile *f, const char *backend, const char *w
 
 static void test_chunks(void)
 {
-    /* chunk boundaries: consecutive, covering the range, every one but the first aligned */
-    const uint64_t cases[][2] = {{0, 1}, {0, FERRY__IO_CHUNK}, {1, FERRY__IO_CHUNK},
-                                 {4095, 3 * FERRY__IO_CHUNK + 7}, {FERRY__IO_CHUNK - 1, 2},
-                                 {12345, 0}};
-    for (size_t i = 0; i < FERRY__ARRAY_LEN(cases); i++) {
-        uint64_t off = cases[i][0], end = off + cases[i][1], n = 0;
-        int ok = 1;
-        for (uint64_t pos = off; pos < end; n++) {
-            uint64_t next = ferry__io_chunk_end(off, end, pos);
-            ok &= next > pos && next - pos <= FERRY__IO_CHUNK;
-            ok &= next == end || next % FERRY__IO_ALIGN == 0;
-            pos = next;
+    /* chunk boundaries: consecutive, covering the range, every one but the first aligned, for the
+     * default chunk and others a pool may be set to */
+    const uint64_t sizes[] = {FERRY__IO_CHUNK, FERRY__IO_CHUNK_MIN, 4 * MIB + 4096};
+    for (size_t z = 0; z < FERRY__ARRAY_LEN(sizes); z++) {
+        uint64_t ch = sizes[z];
+        const uint64_t cases[][2] = {{0, 1}, {0, ch}, {1, ch}, {4095, 3 * ch + 7}, {ch - 1, 2},
+                                     {12345, 0}};
+        for (size_t i = 0; i < FERRY__ARRAY_LEN(cases); i++) {
+            uint64_t off = cases[i][0], end = off + cases[i][1], n = 0;
+            int ok = 1;
+            for (uint64_t pos = off; pos < end; n++) {
+                uint64_t next = ferry__io_chunk_end(off, end, pos, ch);
+                ok &= next > pos && next - pos <= ch;
+                ok &= next == end || next % FERRY__IO_ALIGN == 0;
+                pos = next;
+            }
+            CHECK(ok);
+            CHECK_EQ_INT(n, ferry__io_chunk_count(off, cases[i][1], ch));
         }
-        CHECK(ok);
-        CHECK_EQ_INT(n, ferry__io_chunk_count(off, cases[i][1]));
     }
+    /* what a pool may be set to: 0 is the default, the rest clamped and block-aligned */
+    CHECK_EQ_INT(ferry__io_set_chunk(NULL, 0), FERRY__IO_CHUNK);
+    CHECK_EQ_INT(ferry__io_set_chunk(NULL, 1), FERRY__IO_CHUNK_MIN);
+    CHECK_EQ_INT(ferry__io_set_chunk(NULL, UINT64_MAX), FERRY__IO_CHUNK_MAX);
+    CHECK_EQ_INT(ferry__io_set_chunk(NULL, 4 * MIB + 100), 4 * MIB);
 }
 
 /* the streaming copy of the warm path: every head/body/tail split, against memcpy */

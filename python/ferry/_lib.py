@@ -105,7 +105,7 @@ class Policy(Structure):
 
 class Options(Structure):
     _fields_ = [("io_threads", c_uint32), ("host_budget", c_uint64), ("no_schedule", c_int),
-                ("slice_evict", c_int)]
+                ("slice_evict", c_int), ("io_request_bytes", c_uint64)]
 
 
 class DeviceInfo(Structure):

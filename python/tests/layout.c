@@ -29,7 +29,8 @@ int main(void)
 #endif
     END();
     BEGIN(ferry_options); M(ferry_options, io_threads); M(ferry_options, host_budget);
-    M(ferry_options, no_schedule); M(ferry_options, slice_evict); END();
+    M(ferry_options, no_schedule); M(ferry_options, slice_evict);
+    M(ferry_options, io_request_bytes); END();
     BEGIN(ferry_device_info); M(ferry_device_info, name); M(ferry_device_info, kind);
     M(ferry_device_info, total_bytes); M(ferry_device_info, free_bytes);
     M(ferry_device_info, budget); M(ferry_device_info, used_bytes);

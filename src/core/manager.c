@@ -117,12 +117,32 @@ ferry *ferry_create(const ferry_options *opt)
         goto fail;
     ferry__pf_follow_init(&f->prefetch.follow);
     f->io = ferry__io_create(f->opt.io_threads);
-    if (!f->io || ferry__loaders_start(f))
+    if (!f->io)
+        goto fail;
+    if (!f->opt.io_request_bytes) {
+        /* FERRY_IO_REQUEST: the default for managers that do not set it (tuning, benchmarks) */
+        const char *env = getenv("FERRY_IO_REQUEST");
+        uint64_t v = 0;
+        if (env && ferry_parse_size(env, &v) == 0)
+            f->opt.io_request_bytes = v;
+    }
+    f->opt.io_request_bytes = ferry__io_set_chunk(f->io, f->opt.io_request_bytes);
+    if (ferry__loaders_start(f))
         goto fail;
     return f;
 fail:
     ferry_destroy(f);
     return NULL;
+}
+
+int ferry_get_io_settings(const ferry *f, ferry_io_settings *out)
+{
+    if (!f || !out)
+        return FERRY_EINVAL;
+    out->io_threads = ferry__io_threads(f->io);
+    out->request_bytes = ferry__io_chunk(f->io);
+    out->backend = ferry__io_backend(f->io);
+    return 0;
 }
 
 void ferry_destroy(ferry *f)

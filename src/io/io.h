@@ -26,7 +26,9 @@
 #include "util/util.h"
 
 #define FERRY__IO_ALIGN 4096u
-#define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read */
+#define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read, by default */
+#define FERRY__IO_CHUNK_MIN (UINT64_C(64) << 10)
+#define FERRY__IO_CHUNK_MAX (UINT64_C(1) << 30) /* io_uring's lengths are 32-bit */
 
 /* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE.
  * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
@@ -120,6 +122,7 @@ typedef struct ferry__ioreq {
                                   started (the request's offset when submit refused it) */
     /* private to the engine */
     uint64_t next_chunk;       /* byte position of the next chunk to hand out */
+    uint64_t chunk;            /* the pool's chunk size when it was submitted */
     uint64_t chunks_left;
     int status;
     struct ferry__ioreq *next;
@@ -132,6 +135,14 @@ typedef struct ferry__ioreq {
  * variable FERRY_IO_BACKEND=threads|uring overrides the choice (uring still falls back to threads
  * where it is unavailable), for tests and benchmarks. Behaviour and callbacks are the same. */
 ferry__io *ferry__io_create(unsigned nthreads);
+/* Sets the bytes of one worker read (a request is cut into chunks of that size) to BYTES, 0 meaning
+ * FERRY__IO_CHUNK, clamped to [FERRY__IO_CHUNK_MIN, FERRY__IO_CHUNK_MAX] and rounded down to
+ * FERRY__IO_ALIGN; returns the size set. Requests submitted before keep theirs; safe from any
+ * thread. IO NULL: only the clamping. */
+uint64_t ferry__io_set_chunk(ferry__io *io, uint64_t bytes);
+/* The chunk size set, and the number of workers. */
+uint64_t ferry__io_chunk(const ferry__io *io);
+unsigned ferry__io_threads(const ferry__io *io);
 /* "uring" or "threads": the backend IO's workers use (a static string). */
 const char *ferry__io_backend(const ferry__io *io);
 /* Queues REQ (which must stay alive, unmoved, until its done callback returns). */

@@ -36,22 +36,23 @@ int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, uns
  * (or overflows), else 0. */
 int ferry__io_check_range(const ferry__iofile *f, uint64_t off, uint64_t len, ferry__err *e);
 
-/* End of the chunk that starts at POS of a request covering [off, end): chunk boundaries lie at
- * align_down(off) + k * FERRY__IO_CHUNK, so that every chunk but the first starts on a block
- * boundary and direct reads of consecutive chunks never share a block. */
-static inline uint64_t ferry__io_chunk_end(uint64_t off, uint64_t end, uint64_t pos)
+/* End of the chunk that starts at POS of a request covering [off, end), chunks of CHUNK bytes (a
+ * multiple of FERRY__IO_ALIGN): chunk boundaries lie at align_down(off) + k * CHUNK, so that every
+ * chunk but the first starts on a block boundary and direct reads of consecutive chunks never
+ * share a block. */
+static inline uint64_t ferry__io_chunk_end(uint64_t off, uint64_t end, uint64_t pos, uint64_t chunk)
 {
     uint64_t base = off - off % FERRY__IO_ALIGN;
-    uint64_t next = base + ((pos - base) / FERRY__IO_CHUNK + 1) * FERRY__IO_CHUNK;
+    uint64_t next = base + ((pos - base) / chunk + 1) * chunk;
     return next < end ? next : end;
 }
 
-/* Number of chunks of a request covering [off, off+len); 0 when LEN is 0. */
-static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len)
+/* Number of chunks of CHUNK bytes of a request covering [off, off+len); 0 when LEN is 0. */
+static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len, uint64_t chunk)
 {
     uint64_t base = off - off % FERRY__IO_ALIGN;
     uint64_t span = off - base + len;
-    return len ? (span + FERRY__IO_CHUNK - 1) / FERRY__IO_CHUNK : 0;
+    return len ? (span + chunk - 1) / chunk : 0;
 }
 
 /* Copies N bytes like memcpy (no overlap), with streaming stores when N is at least

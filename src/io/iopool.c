@@ -62,6 +62,7 @@ struct ferry__io {
     unsigned char *bounce; /* nthreads blocks of FERRY__IO_ALIGN bytes, one per worker */
     ferry__uring **rings;  /* one ring per worker, or NULL: the thread backend */
     unsigned ring_count;   /* rings created (the nthreads asked for) */
+    _Atomic uint64_t chunk; /* bytes per worker read; a request takes it at submit */
 };
 
 /* The pool whose worker this thread is, so that cancel_all from a done callback does not wait on
@@ -149,7 +150,7 @@ int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
     uint64_t end = req->offset + req->len;
     c->req = req;
     c->pos = req->next_chunk;
-    c->end = ferry__io_chunk_end(req->offset, end, c->pos);
+    c->end = ferry__io_chunk_end(req->offset, end, c->pos, req->chunk);
     req->next_chunk = c->end;
     if (c->end == end) {
         io->head = req->next;
@@ -261,6 +262,7 @@ ferry__io *ferry__io_create(unsigned nthreads)
     if (!io)
         return NULL;
     io->nthreads = nthreads;
+    atomic_init(&io->chunk, FERRY__IO_CHUNK);
     io->threads = calloc(nthreads, sizeof *io->threads);
     void *b = NULL;
     if (!io->threads ||
@@ -299,6 +301,30 @@ ferry__io *ferry__io_create(unsigned nthreads)
     return io;
 }
 
+uint64_t ferry__io_set_chunk(ferry__io *io, uint64_t bytes)
+{
+    if (!bytes)
+        bytes = FERRY__IO_CHUNK;
+    if (bytes < FERRY__IO_CHUNK_MIN)
+        bytes = FERRY__IO_CHUNK_MIN;
+    if (bytes > FERRY__IO_CHUNK_MAX)
+        bytes = FERRY__IO_CHUNK_MAX;
+    bytes -= bytes % FERRY__IO_ALIGN;
+    if (io)
+        atomic_store(&io->chunk, bytes);
+    return bytes;
+}
+
+uint64_t ferry__io_chunk(const ferry__io *io)
+{
+    return io ? atomic_load(&io->chunk) : FERRY__IO_CHUNK;
+}
+
+unsigned ferry__io_threads(const ferry__io *io)
+{
+    return io ? io->nthreads : 0;
+}
+
 int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
 {
     if (!io || !req || !req->file || !req->done || (!req->dst && req->len > 0))
@@ -317,7 +343,8 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
         return FERRY_EIO;
     }
     req->next_chunk = req->offset;
-    req->chunks_left = ferry__io_chunk_count(req->offset, req->len);
+    req->chunk = atomic_load(&io->chunk);
+    req->chunks_left = ferry__io_chunk_count(req->offset, req->len, req->chunk);
     req->status = 0;
     req->next = NULL;
 
@@ -354,7 +381,7 @@ static void drop_chunks_locked(ferry__io *io, ferry__ioreq *req)
     /* chunks not handed out: those from next_chunk to the end */
     uint64_t dropped = 0;
     for (uint64_t pos = req->next_chunk; pos < end;
-         pos = ferry__io_chunk_end(req->offset, end, pos))
+         pos = ferry__io_chunk_end(req->offset, end, pos, req->chunk))
         dropped++;
     req->chunks_left -= dropped;
     req->next_chunk = end;

@@ -171,7 +171,7 @@ int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, uns
     }
     uint64_t end = off + len;
     for (uint64_t pos = off; pos < end;) {
-        uint64_t next = ferry__io_chunk_end(off, end, pos);
+        uint64_t next = ferry__io_chunk_end(off, end, pos, FERRY__IO_CHUNK);
         int r;
         if (ferry__iofile_cached(f, pos, next - pos) >= FERRY__IO_AUTO_CACHED) {
             r = pread_full(f, f->fd, dst + (pos - off), next - pos, pos, e);

@@ -118,7 +118,7 @@ static void pause_1ms(void)
 static void prep(ferry__uring *u, slot *s)
 {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-    /* left <= FERRY__IO_CHUNK, far below the 32-bit length limit */
+    /* left <= FERRY__IO_CHUNK_MAX, below the 32-bit length limit */
     io_uring_prep_read(sqe, s->fd, s->dst, (unsigned)s->left, s->off);
     io_uring_sqe_set_data(sqe, s);
     u->pending[u->npending++] = s;
