@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "check.h"
@@ -74,6 +76,63 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
     CHECK(fabs(eff - bound / secs) <= 1e-9 * eff + 1e-12);
     const ferry__json *ps = jget(s, "pass_seconds");
     CHECK(ps && ps->type == FERRY__JSON_ARRAY && ps->n >= 3);
+    /* the stream's own I/O settings, and its first pass against max(M / O_DIRECT, compute) */
+    static const char *more[] = {"request_bytes", "readers", "first_pass_seconds",
+                                 "first_pass_bound_seconds", "first_pass_efficiency"};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        positive(s, more[i]);
+    double f_eff = jnum(jget(s, "first_pass_efficiency")),
+           f_bound = jnum(jget(s, "first_pass_bound_seconds")),
+           f_secs = jnum(jget(s, "first_pass_seconds"));
+    CHECK(fabs(f_eff - f_bound / f_secs) <= 1e-9 * f_eff + 1e-12);
+    CHECK(fabs(f_secs - jnum(&ps->items[0])) <= 1e-12 + 1e-9 * f_secs);
+}
+
+/* --stream-io fixes the streams' settings (no sweep); --cap where no memory controller can be
+ * found says why and runs the rest; --streams measures no loads. */
+static void test_cap_and_io(const char *model_path)
+{
+    char root[2100];
+    snprintf(root, sizeof root, "%s/no-cgroups", tmp);
+    CHECK(mkdir(root, 0755) == 0 || errno == EEXIST);
+    setenv("FERRY_BENCH_CGROUP_ROOT", root, 1);
+    int rc = run("bench --quick --json --streams --stream-io 2x4MiB --cap 512MiB '%s'", model_path);
+    unsetenv("FERRY_BENCH_CGROUP_ROOT");
+    CHECK_EQ_INT(rc, 0);
+    ferry__json doc;
+    if (parse_stdout(&doc) != 0) {
+        CHECK(0);
+        return;
+    }
+    const ferry__json *st = jget(&doc, "stream");
+    CHECK(st && st->type == FERRY__JSON_ARRAY && st->n == 2);
+    for (size_t i = 0; st && st->type == FERRY__JSON_ARRAY && i < st->n; i++) {
+        CHECK_EQ_INT((uint64_t)jnum(jget(&st->items[i], "readers")), 2);
+        CHECK_EQ_INT((uint64_t)jnum(jget(&st->items[i], "request_bytes")), 4u << 20);
+    }
+    const ferry__json *sw = jget(&doc, "stream_io_sweep");
+    CHECK(sw && sw->type == FERRY__JSON_ARRAY && sw->n == 0);
+    const ferry__json *cap = jget(&doc, "cap");
+    CHECK(cap && cap->type == FERRY__JSON_OBJECT);
+    const ferry__json *ran = jget(cap, "ran"), *why = jget(cap, "why_not");
+    CHECK(ran && ran->type == FERRY__JSON_BOOL && ran->b == 0);
+    CHECK(why && why->type == FERRY__JSON_STRING && strstr(why->str, "no memory cgroup") &&
+          strstr(why->str, root));
+    CHECK(jget(&doc, "cold_load_gbps") != NULL);
+    ferry__json_free(&doc);
+    /* the table says why too */
+    setenv("FERRY_BENCH_CGROUP_ROOT", root, 1);
+    CHECK_EQ_INT(run("bench --quick --streams --stream-io 2x4MiB --cap 512MiB '%s'", model_path),
+                 0);
+    unsetenv("FERRY_BENCH_CGROUP_ROOT");
+    CHECK(strstr(out_text, "capped stream (--cap 512.00 MiB): not run: no memory cgroup") != NULL);
+    CHECK(strstr(out_text, "2 x 4.00 MiB") != NULL);
+    /* the default sweeps the streams' settings and says which pair it used */
+    CHECK_EQ_INT(run("bench --quick --streams '%s'", model_path), 0);
+    CHECK(strstr(out_text, "<- used") != NULL);
+    CHECK_EQ_INT(run("bench --stream-io 4 '%s'", model_path), 2);
+    CHECK(strstr(err_text, "READERSxSIZE") != NULL);
+    CHECK_EQ_INT(run("bench --cap lots '%s'", model_path), 2);
 }
 
 static void test_json(const char *model_path)
@@ -257,6 +316,7 @@ int main(void)
         test_split(model_path, "cpu,sim:256MiB@4GB/s", 1);
         test_table(model_path);
         test_usage(model_path);
+        test_cap_and_io(model_path);
     }
     free(out_text);
     free(err_text);

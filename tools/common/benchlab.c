@@ -45,11 +45,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "benchlab.h"
 #include "layers.h"
 #include "limits.h"
+#include "memcap.h"
 
 static volatile unsigned char sink;
 
@@ -468,9 +470,17 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     memset(&o, 0, sizeof o);
     if (!device)
         o.host_budget = budget;
+    o.io_threads = b->stream_readers;
+    o.io_request_bytes = b->stream_request;
     ferry *f = ferry_create(&o);
     if (!f)
-        return cli_error("out of memory");
+        return cli_error("cannot make a manager with a host budget of %llu bytes (out of memory, "
+                         "or above what the host can hold)", (unsigned long long)o.host_budget);
+    ferry_io_settings ios;
+    if (ferry_get_io_settings(f, &ios) == 0) {
+        r->readers = ios.io_threads;
+        r->request = ios.request_bytes;
+    }
     ferry_policy pol;
     memset(&pol, 0, sizeof pol);
     pol.load = FERRY_LOAD_AUTO;
@@ -516,7 +526,7 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     for (uint32_t p = 0; p < r->passes && !rc; p++) {
         /* limit, pass, limit, pass: the disk drifts, so each judged pass gets its own limit,
          * measured with the best readers/request size found earlier */
-        if (!device && p > 0 && !b->no_direct)
+        if (!device && !b->no_direct)
             r->limit[p] = direct_best_read(b);
         if (!device && (rc = drop_files(b)))
             break;
@@ -573,6 +583,19 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     r->compute_s = r->computes ? b->med[BENCHLAB_COMPUTE] : 0;
     r->bound = r->transfer_s > r->compute_s ? r->transfer_s : r->compute_s;
     r->efficiency = r->seconds_med > 0 ? r->bound / r->seconds_med : 0;
+    r->passes_per_second = r->seconds_med > 0 ? 1 / r->seconds_med : 0;
+    /* the first pass reads all of M (nothing is cached yet), in file order */
+    double rate0 = r->device ? b->device_bw
+                             : (r->limit[0] > 0 ? r->limit[0] : b->med[BENCHLAB_DIRECT]) * 1e9;
+    double t0 = rate0 > 0 ? (double)b->model / rate0 : 0;
+    r->first_seconds = r->seconds[0];
+    r->first_bound = t0 > r->compute_s ? t0 : r->compute_s;
+    r->first_efficiency = r->first_seconds > 0 ? r->first_bound / r->first_seconds : 0;
+    if (r->capped && !r->device) {
+        double rate = r->limit_med > 0 ? r->limit_med * 1e9 : b->med[BENCHLAB_DIRECT] * 1e9;
+        uint64_t streamed = b->model > r->budget ? b->model - r->budget : 0;
+        r->target_passes_per_second = streamed ? 0.8 * rate / (double)streamed : 0;
+    }
 }
 
 /* ---- one run ----------------------------------------------------------------------------- */
@@ -763,16 +786,164 @@ int benchlab_open(benchlab *b)
     return b->split ? split_prepare(b) : 0;
 }
 
+/* The sweep of the streams' own I/O settings, as the O_DIRECT limit is swept: for each (readers,
+ * request) pair two passes at budget M/4 (the first records the order), the second timed; the
+ * fastest pair is what the judged streams use. Skipped when --stream-io fixed them. */
+static int sweep_stream_io(benchlab *b)
+{
+    static const uint32_t readers_all[] = {1, 2, 4, 8}, readers_quick[] = {2, 4};
+    static const uint64_t req_all[] = {UINT64_C(4) << 20, UINT64_C(16) << 20, UINT64_C(64) << 20},
+                          req_quick[] = {UINT64_C(16) << 20};
+    const uint32_t *readers = b->quick ? readers_quick : readers_all;
+    const uint64_t *reqs = b->quick ? req_quick : req_all;
+    size_t nr = b->quick ? 2 : 4, nq = b->quick ? 1 : 3;
+    uint32_t saved_passes = b->passes;
+    double best = 0;
+    uint32_t best_r = 0;
+    uint64_t best_q = 0;
+    int rc = 0;
+    static benchlab_stream r; /* large: the samples */
+    b->passes = 2;
+    for (size_t q = 0; q < nq && !rc; q++)
+        for (size_t i = 0; i < nr && !rc; i++) {
+            b->stream_readers = readers[i];
+            b->stream_request = reqs[q];
+            rc = run_stream(b, b->model / 4, NULL, 0, &r);
+            if (rc || b->n_io_points >= BENCHLAB_MAX_IO_POINTS)
+                break;
+            benchlab_io_point *pt = &b->io_points[b->n_io_points++];
+            pt->readers = r.readers;
+            pt->request = r.request;
+            pt->seconds = r.seconds[1];
+            pt->bytes = r.bytes[1];
+            if (pt->seconds > 0 && (best <= 0 || pt->seconds < best)) {
+                best = pt->seconds;
+                best_r = pt->readers;
+                best_q = pt->request;
+            }
+        }
+    b->passes = saved_passes;
+    b->stream_readers = best_r;
+    b->stream_request = best_q;
+    return rc;
+}
+
+/* The stream under budget C - 256 MiB in a child process inside a memory cgroup of C bytes: the
+ * kernel enforces the cap (ferry's default budget and its own accounting see the cgroup's limit).
+ * 0 with R filled, 0 with b->cap_why set when it could not run (not root, no controller, the
+ * child killed), or CLI_EXIT_FAIL when the stream itself failed. */
+static int run_capped(benchlab *b, benchlab_stream *r)
+{
+    const uint64_t margin = UINT64_C(256) << 20;
+    if (b->cap <= margin + b->working_set) {
+        snprintf(b->cap_why, sizeof b->cap_why, "--cap %llu bytes leaves no budget above the "
+                 "working set (%llu bytes) after its 256 MiB margin",
+                 (unsigned long long)b->cap, (unsigned long long)b->working_set);
+        return 0;
+    }
+    memcap m;
+    char name[64];
+    snprintf(name, sizeof name, "ferry-bench-%ld", (long)getpid());
+    const char *root = getenv("FERRY_BENCH_CGROUP_ROOT"); /* tests: a fake hierarchy */
+    if (memcap_create(root, name, b->cap, &m, b->cap_why, sizeof b->cap_why))
+        return 0;
+    snprintf(b->cap_where, sizeof b->cap_where, "%s (cgroup %s)", m.dir, m.v2 ? "v2" : "v1");
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(b->cap_why, sizeof b->cap_why, "pipe: %s", strerror(errno));
+        memcap_remove(&m);
+        return 0;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(b->cap_why, sizeof b->cap_why, "fork: %s", strerror(errno));
+        close(fds[0]), close(fds[1]);
+        memcap_remove(&m);
+        return 0;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        char why[512];
+        int crc = 2;
+        if (memcap_join(&m, 0, why, sizeof why) == 0) {
+            b->bar.on = 0;
+            crc = run_stream(b, b->cap - margin, NULL, 0, r) ? 1 : 0;
+        } else {
+            fprintf(stderr, "ferry bench: %s\n", why);
+        }
+        if (!crc) {
+            const char *p = (const char *)r;
+            size_t left = sizeof *r;
+            while (left) {
+                ssize_t w = write(fds[1], p, left);
+                if (w <= 0)
+                    break;
+                p += w, left -= (size_t)w;
+            }
+        }
+        close(fds[1]);
+        _exit(crc);
+    }
+    close(fds[1]);
+    benchlab_stream got;
+    size_t have = 0;
+    while (have < sizeof got) {
+        ssize_t n = read(fds[0], (char *)&got + have, sizeof got - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+    }
+    close(fds[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    long kills = -1, fails = memcap_failures(&m, &kills);
+    memcap_remove(&m);
+    if (WIFSIGNALED(st)) {
+        snprintf(b->cap_why, sizeof b->cap_why, "the capped stream was killed by signal %d "
+                 "(memory refused %ld time(s), OOM kills %ld)", WTERMSIG(st), fails, kills);
+        return 0;
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) == 2) {
+        snprintf(b->cap_why, sizeof b->cap_why, "the child could not join the cgroup %s",
+                 b->cap_where);
+        return 0;
+    }
+    if (WEXITSTATUS(st) != 0 || have != sizeof got)
+        return CLI_EXIT_FAIL; /* the child printed why */
+    *r = got;
+    r->device = NULL;
+    r->capped = 1;
+    for (uint32_t p = 0; p < r->passes; p++)
+        step_done(b);
+    return 0;
+}
+
 int benchlab_measure(benchlab *b, int progress)
 {
     int rc = 0;
-    uint64_t total_steps = b->runs * STEPS_PER_RUN +
-                           (uint64_t)b->passes * (2 + (b->device ? 1 : 0) + (b->split ? 1 : 0));
+    int sweep = !b->stream_readers && !b->stream_request;
+    size_t points = sweep ? (b->quick ? 2 : 12) : 0;
+    uint64_t total_steps = (b->streams_only ? 1 : b->runs * STEPS_PER_RUN) + 2 * points +
+                           (uint64_t)b->passes * (2 + (b->device ? 1 : 0) + (b->split ? 1 : 0) +
+                                                  (b->cap ? 1 : 0));
     cli_progress_start(&b->bar, "bench", total_steps * b->model, progress);
-    for (size_t r = 0; r < b->runs && !rc; r++)
+    if (b->streams_only) {
+        /* the limit the streams are judged against, nothing else: no loads, no compute */
+        rc = run_direct(b);
+        if (!rc)
+            rc = run_direct_before(b);
+        step_done(b);
+    }
+    for (size_t r = 0; r < b->runs && !rc && !b->streams_only; r++)
         rc = run_once(b, r);
     for (int m = 0; m < BENCHLAB_COUNT && !rc; m++)
         b->med[m] = median(b->v[m], b->n[m]);
+    if (sweep && !rc)
+        rc = sweep_stream_io(b);
     static const unsigned den[2] = {4, 2};
     for (int i = 0; i < 2 && !rc; i++) {
         rc = run_stream(b, b->model / den[i], NULL, 0, &b->streams[b->n_streams]);
@@ -787,6 +958,13 @@ int benchlab_measure(benchlab *b, int progress)
     if (b->split && !rc) {
         rc = run_stream(b, 0, NULL, 1, &b->streams[b->n_streams]);
         if (!rc)
+            judge_stream(b, &b->streams[b->n_streams++]);
+    }
+    if (b->cap && !rc) {
+        benchlab_stream *r = &b->streams[b->n_streams];
+        memset(r, 0, sizeof *r);
+        rc = run_capped(b, r);
+        if (!rc && r->capped)
             judge_stream(b, &b->streams[b->n_streams++]);
     }
     cli_progress_end(&b->bar);

@@ -67,7 +67,25 @@ typedef struct benchlab_stream {
     double transfer_s;
     double bound;
     double efficiency;
+    uint32_t readers;     /* the manager's I/O workers (ferry_options.io_threads) */
+    uint64_t request;     /* bytes of one worker read (ferry_options.io_request_bytes) */
+    double first_seconds; /* pass 1: recorded while prefetching in file order */
+    double first_bound;   /* max(M / O_DIRECT read before it, resident compute) */
+    double first_efficiency;
+    int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
+    double passes_per_second;  /* 1 / seconds_med */
+    double target_passes_per_second; /* capped: 0.8 x O_DIRECT / (M - B) */
 } benchlab_stream;
+
+/* One point of the sweep of the stream's own I/O settings (at budget M/4, two passes). */
+typedef struct benchlab_io_point {
+    uint32_t readers;
+    uint64_t request;
+    double seconds;       /* the second pass */
+    uint64_t bytes;
+} benchlab_io_point;
+
+#define BENCHLAB_MAX_IO_POINTS 12
 
 typedef struct benchlab {
     /* options, set by the caller before benchlab_open (zero: none) */
@@ -79,6 +97,10 @@ typedef struct benchlab {
     double device_bw;          /* bytes per second of --device (benchlab_spec_bandwidth) */
     const char *split;         /* --split value or NULL */
     runopts groups;            /* --group: placements of the streamed passes (cmd "bench") */
+    uint64_t cap;              /* --cap: also a stream inside a memory cgroup of this size */
+    int streams_only;          /* --streams: no loads; the limits the streams need only */
+    uint32_t stream_readers;   /* --stream-io: fixed I/O settings of the streams, no sweep */
+    uint64_t stream_request;
 
     /* the model, from benchlab_open */
     char **files;
@@ -102,8 +124,12 @@ typedef struct benchlab {
     double direct_best;
     double worst_cached;       /* highest fraction still cached before a cold run */
     int auto_copies;           /* a warm AUTO load made a copy of some tensor (not zero-copy) */
-    benchlab_stream streams[4];
+    benchlab_stream streams[5];
     size_t n_streams;
+    benchlab_io_point io_points[BENCHLAB_MAX_IO_POINTS];
+    size_t n_io_points;
+    char cap_why[768];         /* --cap: why no capped stream ran ("" when it did) */
+    char cap_where[600];       /* --cap: the cgroup it ran in */
 
     /* scratch of the measurements */
     float *x, *y;

@@ -294,32 +294,39 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         printf("  %-38s %8.3f   (best of the sweep over 1-8 readers x 16/64 MiB)\n",
                "O_DIRECT read, sweep", v[BENCHLAB_DIRECT_SWEEP]);
     }
-    printf("  %-38s %8.3f\n", "cold buffered read (one thread)", v[BENCHLAB_BUFFERED]);
-    printf("  %-38s %8.3f\n", "memcpy", v[BENCHLAB_MEMCPY]);
-    printf("  %-38s %8.3f   (best with %u thread(s))\n", "fresh memory, first touch",
-           v[BENCHLAB_FRESH], b->fresh_threads);
-    printf("  %-38s %8.3f   (%.3f s per pass)\n", "resident compute (matvec every weight)",
-           v[BENCHLAB_COMPUTE] > 0 ? (double)b->model / v[BENCHLAB_COMPUTE] / 1e9 : 0.0, v[BENCHLAB_COMPUTE]);
-    printf("\n  %-38s %8s   %-28s %8s   %6s\n", "loads (to ready)", "GB/s", "limit", "GB/s",
-           "ratio");
+    if (!b->streams_only) {
+        printf("  %-38s %8.3f\n", "cold buffered read (one thread)", v[BENCHLAB_BUFFERED]);
+        printf("  %-38s %8.3f\n", "memcpy", v[BENCHLAB_MEMCPY]);
+        printf("  %-38s %8.3f   (best with %u thread(s))\n", "fresh memory, first touch",
+               v[BENCHLAB_FRESH], b->fresh_threads);
+        printf("  %-38s %8.3f   (%.3f s per pass)\n", "resident compute (matvec every weight)",
+               v[BENCHLAB_COMPUTE] > 0 ? (double)b->model / v[BENCHLAB_COMPUTE] / 1e9 : 0.0, v[BENCHLAB_COMPUTE]);
+    }
     int above = 0;
-    above |= print_row("cold, auto (ferry's choice)", v[BENCHLAB_COLD_AUTO],
-                       "min(O_DIRECT, fresh memory)", cold_lim);
-    above |= print_row("cold, direct (private copy)", v[BENCHLAB_COLD_DIRECT],
-                       "min(O_DIRECT, fresh memory)", cold_lim);
-    above |= print_row("cold, mmap page faults", v[BENCHLAB_MMAP_FAULT], "min(O_DIRECT, fresh memory)",
-                       cold_lim);
-    above |= print_row("cold, mmap + populate (llama.cpp)", v[BENCHLAB_MMAP_POPULATE],
-                       "min(O_DIRECT, fresh memory)", cold_lim);
-    above |= print_row("warm, read (private copy)", v[BENCHLAB_WARM_READ], "min(memcpy, fresh memory)",
-                       warm_lim);
-    if (!b->auto_copies)
-        printf("  %-38s  no copy: resident in %.3f s\n", "warm, auto (zero-copy)",
-               v[BENCHLAB_WARM_AUTO]);
+    if (b->streams_only)
+        printf("\n  (--streams: no loads measured, no compute limit: the bounds are the disk's)\n");
     else
-        above |= print_row("warm, auto (copies some tensors)",
-                           v[BENCHLAB_WARM_AUTO] > 0 ? (double)b->model / v[BENCHLAB_WARM_AUTO] / 1e9 : 0,
-                           "min(memcpy, fresh memory)", warm_lim);
+        printf("\n  %-38s %8s   %-28s %8s   %6s\n", "loads (to ready)", "GB/s", "limit", "GB/s",
+               "ratio");
+    if (!b->streams_only) {
+        above |= print_row("cold, auto (ferry's choice)", v[BENCHLAB_COLD_AUTO],
+                           "min(O_DIRECT, fresh memory)", cold_lim);
+        above |= print_row("cold, direct (private copy)", v[BENCHLAB_COLD_DIRECT],
+                           "min(O_DIRECT, fresh memory)", cold_lim);
+        above |= print_row("cold, mmap page faults", v[BENCHLAB_MMAP_FAULT], "min(O_DIRECT, fresh memory)",
+                           cold_lim);
+        above |= print_row("cold, mmap + populate (llama.cpp)", v[BENCHLAB_MMAP_POPULATE],
+                           "min(O_DIRECT, fresh memory)", cold_lim);
+        above |= print_row("warm, read (private copy)", v[BENCHLAB_WARM_READ], "min(memcpy, fresh memory)",
+                           warm_lim);
+        if (!b->auto_copies)
+            printf("  %-38s  no copy: resident in %.3f s\n", "warm, auto (zero-copy)",
+                   v[BENCHLAB_WARM_AUTO]);
+        else
+            above |= print_row("warm, auto (copies some tensors)",
+                               v[BENCHLAB_WARM_AUTO] > 0 ? (double)b->model / v[BENCHLAB_WARM_AUTO] / 1e9 : 0,
+                               "min(memcpy, fresh memory)", warm_lim);
+    }
     if (b->worst_cached > 0.01)
         printf("  (warning: up to %.1f%% of the file stayed in the page cache before a cold "
                "run)\n",
@@ -344,14 +351,25 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                 printf("\n  streams: home disk, compute cpu, load auto, host budget, file dropped "
                        "before each pass; passes 2..%u\n",
                        r->passes);
-            printf("  %-12s %12s %12s %10s %10s %10s\n", "budget", "read/pass", "optimal",
-                   "s/pass", "bound s", "efficiency");
+            printf("  %-12s %12s %12s %10s %10s %10s   %s\n", "budget", "read/pass", "optimal",
+                   "s/pass", "bound s", "efficiency", "readers x request; first pass s, eff.");
         }
-        char bud[40];
+        if (r->capped && (i == 0 || !b->streams[i - 1].capped))
+            printf("  capped: inside %s of %s, host budget C - 256 MiB\n", b->cap_where,
+                   cli_size(b->cap, s1));
+        char bud[40], io[96];
         snprintf(bud, sizeof bud, "%s%s", cli_size(r->budget, s1), r->raised ? "*" : "");
-        printf("  %-12s %12s %12s %10.3f %10.3f %10.2f%s\n", bud, cli_size(r->bytes_med, s2),
+        snprintf(io, sizeof io, "%u x %s; %.3f, %.2f", r->readers, cli_size(r->request, s3),
+                 r->first_seconds, r->first_efficiency);
+        printf("  %-12s %12s %12s %10.3f %10.3f %10.2f%s   %s\n", bud, cli_size(r->bytes_med, s2),
                cli_size(r->optimal, s3), r->seconds_med, r->bound, r->efficiency,
-               r->efficiency > 1.0 ? " !" : "");
+               r->efficiency > 1.0 ? " !" : "  ", io);
+        if (r->capped)
+            printf("  %-12s passes per second %.3f beside 0.8 x O_DIRECT / (M - B) = %.3f: %.2f\n",
+                   "", r->passes_per_second, r->target_passes_per_second,
+                   r->target_passes_per_second > 0
+                       ? r->passes_per_second / r->target_passes_per_second
+                       : 0.0);
         above |= r->efficiency > 1.0;
         for (int k = 0; r->split && k < b->n_split; k++) {
             const benchlab_split_dev *sd = &b->split_devs[k];
@@ -364,6 +382,20 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                    sd->name, cli_size(sd->share, s1), cli_size(sd->budget, s2),
                    sd->raised ? "*" : "", cli_size(sd->working_set, s3),
                    cli_size(sd->optimal, s4), sd->bw / 1e9, sd->transfer_s);
+        }
+    }
+    if (b->cap && b->cap_why[0])
+        printf("\n  capped stream (--cap %s): not run: %s\n", cli_size(b->cap, s1), b->cap_why);
+    if (b->n_io_points) {
+        printf("\n  the streams' I/O settings, swept at budget M/4 (the second of two passes):\n");
+        printf("  %-8s %10s %10s %12s\n", "readers", "request", "s/pass", "read/pass");
+        for (size_t k = 0; k < b->n_io_points; k++) {
+            const benchlab_io_point *pt = &b->io_points[k];
+            printf("  %-8u %10s %10.3f %12s%s\n", pt->readers, cli_size(pt->request, s1),
+                   pt->seconds, cli_size(pt->bytes, s2),
+                   pt->readers == b->stream_readers && pt->request == b->stream_request
+                       ? "   <- used"
+                       : "");
         }
     }
     for (size_t i = 0; i < b->n_streams; i++)
@@ -410,6 +442,26 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     cli_json_f64(j, r->transfer_s);
     cli_json_key(j, "efficiency");
     cli_json_f64(j, r->efficiency);
+    cli_json_key(j, "request_bytes");
+    cli_json_u64(j, r->request);
+    cli_json_key(j, "readers");
+    cli_json_u64(j, r->readers);
+    cli_json_key(j, "first_pass_seconds");
+    cli_json_f64(j, r->first_seconds);
+    cli_json_key(j, "first_pass_bound_seconds");
+    cli_json_f64(j, r->first_bound);
+    cli_json_key(j, "first_pass_efficiency");
+    cli_json_f64(j, r->first_efficiency);
+    cli_json_key(j, "capped");
+    cli_json_bool(j, r->capped);
+    if (r->capped) {
+        cli_json_key(j, "cap_bytes");
+        cli_json_u64(j, b->cap);
+        cli_json_key(j, "passes_per_second");
+        cli_json_f64(j, r->passes_per_second);
+        cli_json_key(j, "target_passes_per_second");
+        cli_json_f64(j, r->target_passes_per_second);
+    }
     if (!r->device) {
         cli_json_key(j, "direct_read_gbps_between_passes");
         cli_json_f64(j, r->limit_med);
@@ -515,6 +567,35 @@ static void report_json(benchlab *b)
         if (!b->streams[i].device)
             json_stream(&j, &b->streams[i], b);
     cli_json_end_array(&j);
+    cli_json_key(&j, "stream_io_sweep");
+    cli_json_begin_array(&j, 0);
+    for (size_t k = 0; k < b->n_io_points; k++) {
+        cli_json_begin_object(&j, 1);
+        cli_json_key(&j, "readers");
+        cli_json_u64(&j, b->io_points[k].readers);
+        cli_json_key(&j, "request_bytes");
+        cli_json_u64(&j, b->io_points[k].request);
+        cli_json_key(&j, "seconds_per_pass");
+        cli_json_f64(&j, b->io_points[k].seconds);
+        cli_json_key(&j, "bytes_read_per_pass");
+        cli_json_u64(&j, b->io_points[k].bytes);
+        cli_json_end_object(&j);
+    }
+    cli_json_end_array(&j);
+    if (b->cap) {
+        cli_json_key(&j, "cap");
+        cli_json_begin_object(&j, 1);
+        cli_json_key(&j, "bytes");
+        cli_json_u64(&j, b->cap);
+        cli_json_key(&j, "ran");
+        cli_json_bool(&j, !b->cap_why[0]);
+        cli_json_key(&j, "why_not");
+        if (b->cap_why[0])
+            cli_json_string(&j, b->cap_why);
+        else
+            cli_json_null(&j);
+        cli_json_end_object(&j);
+    }
     if (b->device || b->split) {
         cli_json_key(&j, "device_stream");
         cli_json_begin_array(&j, 0);
@@ -555,17 +636,28 @@ int cmd_bench(int argc, char **argv)
         "                         devices (as ferry run --split; each sim:SIZE@BW or cpu), home\n"
         "                         host, each device's budget 1/4 of its share M_i: bound =\n"
         "                         max over devices of (M_i - B_i + W_i) / BW_i\n"
+        "  --cap SIZE             also a stream inside a memory cgroup of SIZE (root; cgroup v1\n"
+        "                         or v2), home disk, host budget SIZE - 256 MiB: passes per\n"
+        "                         second beside 0.8 x O_DIRECT / (M - B); says why where it\n"
+        "                         cannot run\n"
+        "  --streams              the streams only: no loads and no compute limit (the bounds\n"
+        "                         are the disk's)\n"
+        "  --stream-io RxSIZE     the streams' readers and request size (ferry_options\n"
+        "                         io_threads, io_request_bytes); default: swept at M/4 over\n"
+        "                         1/2/4/8 readers x 4/16/64 MiB, the fastest used\n"
         "  --json                 one JSON object on stdout\n"
         "  -q, --quiet            no progress bar\n"
         "streamed passes only (the bounds still count every tensor as streamed):\n"
         "%s";
-    const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL;
-    int json = 0, quick = 0, quiet = 0;
+    const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL, *cap = NULL,
+               *stream_io = NULL;
+    int json = 0, quick = 0, quiet = 0, streams_only = 0;
     cli_opt opts[] = {
         {"runs", 0, CLI_OPT_STRING, &runs_s},     {"passes", 0, CLI_OPT_STRING, &passes_s},
         {"quick", 0, CLI_OPT_FLAG, &quick},       {"device", 0, CLI_OPT_STRING, &device},
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
-        {"split", 0, CLI_OPT_STRING, &split},
+        {"split", 0, CLI_OPT_STRING, &split},     {"cap", 0, CLI_OPT_STRING, &cap},
+        {"streams", 0, CLI_OPT_FLAG, &streams_only}, {"stream-io", 0, CLI_OPT_STRING, &stream_io},
     };
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
         if (strcmp(argv[i], "--moe") == 0)
@@ -613,6 +705,25 @@ int cmd_bench(int argc, char **argv)
         b.device = device;
     }
     b.split = split;
+    b.streams_only = streams_only;
+    if (cap && (cli_arg_size("bench", "cap", cap, &b.cap) || b.cap == 0))
+        return cli_usage_error("bench", "--cap: '%s' is not a size above 0", cap);
+    if (stream_io) {
+        char *x = strchr(stream_io, 'x');
+        uint64_t rd = 0, rq = 0;
+        char num[24];
+        size_t n = x ? (size_t)(x - stream_io) : 0;
+        if (n && n < sizeof num) {
+            memcpy(num, stream_io, n);
+            num[n] = 0;
+        }
+        if (!x || !n || n >= sizeof num || cli_arg_u64("bench", "stream-io", num, 1, 64, &rd) ||
+            cli_arg_size("bench", "stream-io", x + 1, &rq) || !rq)
+            return cli_usage_error("bench", "--stream-io: '%s' is not READERSxSIZE (e.g. 4x16MiB)",
+                                   stream_io);
+        b.stream_readers = (uint32_t)rd;
+        b.stream_request = rq;
+    }
     int rc = benchlab_open(&b);
     if (rc) {
         benchlab_close(&b);
