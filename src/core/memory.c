@@ -527,8 +527,14 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     out->size = 0;
     int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
                  ferry__device_has_reuse(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
-    if (stitch)
-        size = (size + 4095) & ~UINT64_C(4095); /* what the cpu device maps anyway */
+    if (stitch) {
+        /* what the cpu device maps anyway; from 2 MiB up whole 2 MiB pages, so that every pooled
+         * block is a run of them and stitching moves huge pages whole instead of splitting them
+         * (after a few passes most of a budget of 4 KiB-granular blocks was small pages) */
+        const uint64_t huge = UINT64_C(2) << 20;
+        uint64_t unit = size >= huge && size <= UINT64_MAX - huge ? huge : 4096;
+        size = (size + unit - 1) & ~(unit - 1);
+    }
     else if (use_pool && pool_take(f, dev, size, out))
         return 0;
     if (D->budget && size > D->budget)

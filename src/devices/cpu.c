@@ -494,9 +494,9 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
     for (size_t i = 0; i < n; i++)
         ncuts += 1 + b[i].ncuts;
     whole.cuts = malloc(ncuts * sizeof *whole.cuts);
-    void *reg = whole.cuts ? mmap(NULL, (size_t)need, PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                           : MAP_FAILED;
+    /* 2 MiB-aligned like every mapped block: pages moved between 2 MiB-aligned offsets keep
+     * their huge pages (mremap moves the whole page-table entry) */
+    void *reg = whole.cuts ? map_block(need) : MAP_FAILED;
     if (reg == MAP_FAILED || blocks_reserve(c, 2)) {
         if (reg != MAP_FAILED)
             munmap(reg, (size_t)need);
