@@ -404,6 +404,52 @@ static void test_stream_reuses_pages(void)
     ferry_destroy(f);
 }
 
+static char g_large[1200];
+
+static void test_stream_keeps_huge_pages(void)
+{
+    /* tensors of 1-4 MiB streamed under a budget given: after passes of stitching and cutting,
+     * every cached copy from 2 MiB up is a run of whole 2 MiB pages on a 2 MiB boundary, which
+     * moving pages between blocks keeps huge */
+    const uint64_t huge = UINT64_C(2) << 20;
+    ferry *f = ferry_create(NULL);
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
+    size_t n;
+    ferry_tensor **ts = fixture_open_all(f, g_large, &p, &n);
+    CHECK(ts != NULL);
+    if (!ts) {
+        ferry_destroy(f);
+        return;
+    }
+    uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
+    CHECK_EQ_INT(ferry_set_budget(f, 0, model * 2 / 5), 0);
+    int ok = 1;
+    for (int pass = 0; pass < 4; pass++)
+        for (size_t i = 0; i < n; i++) {
+            ok &= ferry_prepare(f, &ts[i], 1) == 0;
+            if (pass == 3)
+                ok &= fixture_same_as_file(f, ts[i]);
+            ferry_release(f, &ts[i], 1);
+        }
+    CHECK(ok);
+    size_t large = 0, aligned = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry__mem *m = &ts[i]->comp.mem;
+        if (ts[i]->comp.state != FERRY__READY || ts[i]->comp.dev != 0 || !m->base ||
+            m->size < huge)
+            continue;
+        large++;
+        aligned += (uintptr_t)m->base % huge == 0 && m->size % huge == 0;
+    }
+    fprintf(stderr, "stream: %zu cached copies of 2 MiB or more, %zu on whole 2 MiB pages\n",
+            large, aligned);
+    CHECK(large > 0);
+    CHECK_EQ_INT(aligned, large);
+    CHECK(f->devs[0].peak <= model * 2 / 5);
+    free(ts);
+    ferry_destroy(f);
+}
+
 /* 1 when the mapping holding P has FLAG among its VmFlags (/proc/self/smaps), 0 when not, -1 when
  * smaps cannot tell (no procfs, or no VmFlags line). */
 static int vma_flag(const void *p, const char *flag)
@@ -487,6 +533,14 @@ int main(void)
     test_stitch_basics();
     test_stitch_property();
     test_stream_reuses_pages();
+    /* f32, dim 512, ff 1408: blocks of 1 MiB .. 4 MiB */
+    n = fixture_layout(ts, 4, 512, 1408, 2000, FERRY_DTYPE_F32, 0);
+    snprintf(g_large, sizeof g_large, "%s/large.gguf", dir);
+    if (fixture_write(g_large, FERRY_FORMAT_GGUF, ts, n)) {
+        fprintf(stderr, "cannot write the model\n");
+        return 1;
+    }
+    test_stream_keeps_huge_pages();
     test_huge_page_advice();
     return check_finish();
 }
