@@ -523,6 +523,12 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     }
     if ((rc = build_sets(f, &sets, &nsets)))
         goto out;
+    /* W is what is in use plus what is in flight: where layers are large beside the budget,
+     * tensors are those units */
+    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 8)))
+        goto out;
+    r->sets = nsets;
+    r->working_set = b->split_large ? sets_working_set(sets, nsets) : 0;
     for (uint32_t p = 0; p < r->passes && !rc; p++) {
         /* limit, pass, limit, pass: the disk drifts, so each judged pass gets its own limit,
          * measured with the best readers/request size found earlier */
@@ -575,7 +581,7 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
         return;
     }
     uint64_t opt = b->model > r->budget ? b->model - r->budget : 0;
-    opt += b->working_set;
+    opt += r->working_set ? r->working_set : b->working_set;
     r->optimal = opt < b->model ? opt : b->model;
     r->limit_med = r->device ? 0 : median(r->limit + 1, r->passes - 1);
     double rate = r->device ? b->device_bw : (r->limit_med > 0 ? r->limit_med : b->med[BENCHLAB_DIRECT]) * 1e9;
@@ -868,6 +874,7 @@ static int run_capped(benchlab *b, benchlab_stream *r)
         int crc = 2;
         if (memcap_join(&m, 0, why, sizeof why) == 0) {
             b->bar.on = 0;
+            b->split_large = 1;
             crc = run_stream(b, b->cap - margin, NULL, 0, r) ? 1 : 0;
         } else {
             fprintf(stderr, "ferry bench: %s\n", why);

@@ -67,6 +67,32 @@ void free_sets(layer_set *sets)
     free(sets);
 }
 
+int split_large_sets(layer_set **sets, size_t *n, uint64_t max_bytes)
+{
+    size_t total = 0;
+    for (size_t k = 0; k < *n; k++)
+        total += (*sets)[k].bytes > max_bytes ? (*sets)[k].n : 1;
+    if (total == *n)
+        return 0;
+    layer_set *out = calloc(total, sizeof *out);
+    if (!out)
+        return cli_error("out of memory");
+    size_t m = 0;
+    for (size_t k = 0; k < *n; k++) {
+        const layer_set *s = &(*sets)[k];
+        if (s->bytes <= max_bytes) {
+            out[m++] = *s;
+            continue;
+        }
+        for (size_t i = 0; i < s->n; i++)
+            out[m++] = (layer_set){.t = &s->t[i], .n = 1, .bytes = ferry_tensor_nbytes(s->t[i])};
+    }
+    free(*sets);
+    *sets = out;
+    *n = total;
+    return 0;
+}
+
 uint64_t sets_working_set(const layer_set *sets, size_t n)
 {
     if (n == 1)

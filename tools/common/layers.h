@@ -24,6 +24,11 @@ size_t layer_key_len(const char *name);
  * CLI_EXIT_FAIL after printing why. Free with free_sets. */
 int build_sets(ferry *f, layer_set **out, size_t *n_out);
 void free_sets(layer_set *sets);
+/* Cuts every set of more than MAX_BYTES into one set per tensor (the tensors stay in order; set 0
+ * still owns the array), so that a pass over a model whose layers are large beside its budget
+ * holds a tensor in use and one in flight, not two layers. 0, or CLI_EXIT_FAIL (out of memory:
+ * the sets unchanged) after printing why. */
+int split_large_sets(layer_set **sets, size_t *n, uint64_t max_bytes);
 /* W: the most bytes two consecutive layers hold together (the last and the first included: a
  * pass wraps around), or the one layer's bytes when there is only one. */
 uint64_t sets_working_set(const layer_set *sets, size_t n);

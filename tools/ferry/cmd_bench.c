@@ -282,8 +282,11 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
            "working set %s\n",
            b->path, cli_size(b->model, s1), b->n_files, b->n_tensors, b->n_layers,
            cli_size(b->working_set, s2));
-    printf("%zu run(s), medians; load average %s before, %s after\n\n", b->runs, load_before,
-           load_after);
+    if (b->streams_only)
+        printf("streams only; load average %s before, %s after\n\n", load_before, load_after);
+    else
+        printf("%zu run(s), medians; load average %s before, %s after\n\n", b->runs, load_before,
+               load_after);
     printf("  %-38s %8s\n", "limits", "GB/s");
     if (b->no_direct) {
         printf("  %-38s %8.3f   (O_DIRECT refused here: a cold buffered read)\n", "disk read",
@@ -355,8 +358,10 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                    "s/pass", "bound s", "efficiency", "readers x request; first pass s, eff.");
         }
         if (r->capped && (i == 0 || !b->streams[i - 1].capped))
-            printf("  capped: inside %s of %s, host budget C - 256 MiB\n", b->cap_where,
-                   cli_size(b->cap, s1));
+            printf("  capped: inside %s of %s, host budget C - 256 MiB, %zu prepares a pass "
+                   "(layers above B/8 by tensor), W %s\n",
+                   b->cap_where, cli_size(b->cap, s1), r->sets,
+                   cli_size(r->working_set, s2));
         char bud[40], io[96];
         snprintf(bud, sizeof bud, "%s%s", cli_size(r->budget, s1), r->raised ? "*" : "");
         snprintf(io, sizeof io, "%u x %s; %.3f, %.2f", r->readers, cli_size(r->request, s3),
@@ -431,7 +436,9 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     cli_json_key(j, "optimal_bytes_per_pass");
     cli_json_u64(j, r->optimal);
     cli_json_key(j, "working_set_bytes");
-    cli_json_u64(j, b->working_set);
+    cli_json_u64(j, r->working_set ? r->working_set : b->working_set);
+    cli_json_key(j, "prepares_per_pass");
+    cli_json_u64(j, r->sets);
     cli_json_key(j, "seconds_per_pass");
     cli_json_f64(j, r->seconds_med);
     cli_json_key(j, "bound_seconds_per_pass");
