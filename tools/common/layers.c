@@ -84,8 +84,11 @@ int split_large_sets(layer_set **sets, size_t *n, uint64_t max_bytes)
             out[m++] = *s;
             continue;
         }
-        for (size_t i = 0; i < s->n; i++)
-            out[m++] = (layer_set){.t = &s->t[i], .n = 1, .bytes = ferry_tensor_nbytes(s->t[i])};
+        for (size_t i = 0; i < s->n; i++) {
+            ferry_tensor_info info;
+            uint64_t nb = ferry_tensor_get_info(s->t[i], &info) == 0 ? info.nbytes : 0;
+            out[m++] = (layer_set){.t = &s->t[i], .n = 1, .bytes = nb};
+        }
     }
     free(*sets);
     *sets = out;
