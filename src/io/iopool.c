@@ -167,6 +167,10 @@ void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, co
     uint64_t n = c->end - c->pos, end = req->offset + req->len;
     if (status == 0)
         atomic_fetch_add_explicit(&io->bytes_read, n, memory_order_relaxed);
+    /* before this chunk is counted off: once it is, another worker may finish REQ and its owner
+     * free it (and UD) */
+    if (status == 0 && req->chunk_read)
+        req->chunk_read(req->ud, n);
     pthread_mutex_lock(&io->mu);
     if (status && req->status == 0) {
         req->status = status;
@@ -181,8 +185,6 @@ void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, co
     pthread_mutex_unlock(&io->mu);
 
     report_progress(io, pfn, pud, done, total);
-    if (status == 0 && req->chunk_read)
-        req->chunk_read(req->ud, n);
     if (last)
         complete(io, req, st);
 }
