@@ -133,6 +133,8 @@ static void test_cap_and_io(const char *model_path)
     CHECK_EQ_INT(run("bench --stream-io 4 '%s'", model_path), 2);
     CHECK(strstr(err_text, "READERSxSIZE") != NULL);
     CHECK_EQ_INT(run("bench --cap lots '%s'", model_path), 2);
+    CHECK_EQ_INT(run("bench --cap-only '%s'", model_path), 2);
+    CHECK(strstr(err_text, "--cap-only needs --cap") != NULL);
 }
 
 static void test_json(const char *model_path)

@@ -523,9 +523,9 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     }
     if ((rc = build_sets(f, &sets, &nsets)))
         goto out;
-    /* W is what is in use plus what is in flight: where a layer is above 1/32 of the budget
-     * (two layers would take a sixteenth of it from the kept set), tensors are those units */
-    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 32)))
+    /* W is what is in use plus what is in flight: where a layer is above 1/8 of the budget
+     * (two layers would take a quarter of it from the kept set), tensors are those units */
+    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 8)))
         goto out;
     r->sets = nsets;
     r->working_set = b->split_large ? sets_working_set(sets, nsets) : 0;
@@ -934,9 +934,14 @@ int benchlab_measure(benchlab *b, int progress)
     int rc = 0;
     int sweep = !b->stream_readers && !b->stream_request;
     size_t points = sweep ? (b->quick ? 2 : 12) : 0;
+    if (b->cap_only) {
+        b->streams_only = 1;
+        sweep = 0;
+        points = 0;
+    }
     uint64_t total_steps = (b->streams_only ? 1 : b->runs * STEPS_PER_RUN) + 2 * points +
-                           (uint64_t)b->passes * (2 + (b->device ? 1 : 0) + (b->split ? 1 : 0) +
-                                                  (b->cap ? 1 : 0));
+                           (uint64_t)b->passes * ((b->cap_only ? 0 : 2) + (b->device ? 1 : 0) +
+                                                  (b->split ? 1 : 0) + (b->cap ? 1 : 0));
     cli_progress_start(&b->bar, "bench", total_steps * b->model, progress);
     if (b->streams_only) {
         /* the limit the streams are judged against, nothing else: no loads, no compute */
@@ -952,7 +957,7 @@ int benchlab_measure(benchlab *b, int progress)
     if (sweep && !rc)
         rc = sweep_stream_io(b);
     static const unsigned den[2] = {4, 2};
-    for (int i = 0; i < 2 && !rc; i++) {
+    for (int i = 0; i < 2 && !rc && !b->cap_only; i++) {
         rc = run_stream(b, b->model / den[i], NULL, 0, &b->streams[b->n_streams]);
         if (!rc)
             judge_stream(b, &b->streams[b->n_streams++]);

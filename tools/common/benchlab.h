@@ -74,7 +74,7 @@ typedef struct benchlab_stream {
     double first_efficiency;
     int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
     uint64_t working_set; /* W of this stream's sets (the capped stream cuts layers larger than
-                             B/32 into tensors); 0: benchlab.working_set */
+                             B/8 into tensors); 0: benchlab.working_set */
     size_t sets;          /* prepares per pass */
     double passes_per_second;  /* 1 / seconds_med */
     double target_passes_per_second; /* capped: 0.8 x O_DIRECT / (M - B) */
@@ -102,9 +102,10 @@ typedef struct benchlab {
     runopts groups;            /* --group: placements of the streamed passes (cmd "bench") */
     uint64_t cap;              /* --cap: also a stream inside a memory cgroup of this size */
     int streams_only;          /* --streams: no loads; the limits the streams need only */
+    int cap_only;              /* --cap-only: the O_DIRECT limit and the capped stream only */
     uint32_t stream_readers;   /* --stream-io: fixed I/O settings of the streams, no sweep */
     uint64_t stream_request;
-    int split_large;           /* (internal) the next stream cuts layers larger than B/32 */
+    int split_large;           /* (internal) the next stream cuts layers larger than B/8 */
 
     /* the model, from benchlab_open */
     char **files;

@@ -359,7 +359,7 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         }
         if (r->capped && (i == 0 || !b->streams[i - 1].capped))
             printf("  capped: inside %s of %s, host budget C - 256 MiB, %zu prepares a pass "
-                   "(layers above B/32 by tensor), W %s\n",
+                   "(layers above B/8 by tensor), W %s\n",
                    b->cap_where, cli_size(b->cap, s1), r->sets,
                    cli_size(r->working_set, s2));
         char bud[40], io[96];
@@ -649,6 +649,7 @@ int cmd_bench(int argc, char **argv)
         "                         cannot run\n"
         "  --streams              the streams only: no loads and no compute limit (the bounds\n"
         "                         are the disk's)\n"
+        "  --cap-only             with --cap: the O_DIRECT limit and the capped stream only\n"
         "  --stream-io RxSIZE     the streams' readers and request size (ferry_options\n"
         "                         io_threads, io_request_bytes); default: swept at M/4 over\n"
         "                         1/2/4/8 readers x 4/16/64 MiB, the fastest used\n"
@@ -658,13 +659,14 @@ int cmd_bench(int argc, char **argv)
         "%s";
     const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL, *cap = NULL,
                *stream_io = NULL;
-    int json = 0, quick = 0, quiet = 0, streams_only = 0;
+    int json = 0, quick = 0, quiet = 0, streams_only = 0, cap_only = 0;
     cli_opt opts[] = {
         {"runs", 0, CLI_OPT_STRING, &runs_s},     {"passes", 0, CLI_OPT_STRING, &passes_s},
         {"quick", 0, CLI_OPT_FLAG, &quick},       {"device", 0, CLI_OPT_STRING, &device},
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
         {"split", 0, CLI_OPT_STRING, &split},     {"cap", 0, CLI_OPT_STRING, &cap},
         {"streams", 0, CLI_OPT_FLAG, &streams_only}, {"stream-io", 0, CLI_OPT_STRING, &stream_io},
+        {"cap-only", 0, CLI_OPT_FLAG, &cap_only},
     };
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
         if (strcmp(argv[i], "--moe") == 0)
@@ -713,6 +715,9 @@ int cmd_bench(int argc, char **argv)
     }
     b.split = split;
     b.streams_only = streams_only;
+    b.cap_only = cap_only;
+    if (cap_only && !cap)
+        return cli_usage_error("bench", "--cap-only needs --cap SIZE");
     if (cap && (cli_arg_size("bench", "cap", cap, &b.cap) || b.cap == 0))
         return cli_usage_error("bench", "--cap: '%s' is not a size above 0", cap);
     if (stream_io) {
