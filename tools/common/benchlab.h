@@ -105,7 +105,8 @@ typedef struct benchlab {
     int cap_only;              /* --cap-only: the O_DIRECT limit and the capped stream only */
     uint32_t stream_readers;   /* --stream-io: fixed I/O settings of the streams, no sweep */
     uint64_t stream_request;
-    int split_large;           /* (internal) the next stream cuts layers larger than B/8 */
+    int split_large;           /* (internal) the capped stream: layers above B/8 cut into tensors,
+                                  no O_DIRECT limit reads inside the cgroup */
 
     /* the model, from benchlab_open */
     char **files;
