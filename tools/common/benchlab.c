@@ -523,9 +523,9 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     }
     if ((rc = build_sets(f, &sets, &nsets)))
         goto out;
-    /* W is what is in use plus what is in flight: where a layer is above 1/8 of the budget
-     * (two layers would take a quarter of it from the kept set), tensors are those units */
-    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 8)))
+    /* W is what is in use plus what is in flight: where a layer is above 1/32 of the budget
+     * (two layers would take a sixteenth of it from the kept set), tensors are those units */
+    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 32)))
         goto out;
     r->sets = nsets;
     r->working_set = b->split_large ? sets_working_set(sets, nsets) : 0;
