@@ -25,6 +25,14 @@ int main(void)
     g = limits_fresh_memory(8u << 20, 2);
     fprintf(stderr, "fresh memory %.2f GB/s\n", g);
     CHECK(g > 0);
+    g = limits_read_bandwidth((8u << 20) + 24, 3); /* shares not a whole number of lines */
+    fprintf(stderr, "memory read %.2f GB/s\n", g);
+    CHECK(g > 0);
+    unsigned best = 0;
+    g = limits_read_bandwidth_best(8u << 20, 2, &best);
+    CHECK(g > 0 && best >= 1 && best <= 2);
+    CHECK(limits_read_bandwidth(8u << 20, 0) == FERRY_EINVAL);
+    CHECK(limits_read_bandwidth(8, 1) == FERRY_EINVAL);
     g = limits_direct_read(path, 2, 4u << 20);
     fprintf(stderr, "direct read %.2f GB/s\n", g);
     CHECK(g > 0 || g == FERRY_EUNSUPPORTED);

@@ -188,9 +188,11 @@ int main(void)
         CHECK_EQ_INT(ferry_dtype_nbytes(t, N, &rb), 0);
         fill(t, w, ROWS, N, tmp);
         CHECK_EQ_INT(ferry_matvec_vec_quantize(t, x, N, xq), 0);
-        for (int isa = 0; isa < 2; isa++) {
-            int generic = isa == 1 || !avx2;
-            ferry__dtype_force_generic(generic);
+        /* the best kernel set this CPU has, AVX2, portable */
+        const int caps[] = {-1, FERRY__ISA_AVX2, FERRY__ISA_GENERIC};
+        for (int isa = 0; isa < 3; isa++) {
+            int generic = isa == 2 || !avx2;
+            ferry__dtype_force_isa(generic ? FERRY__ISA_GENERIC : caps[isa]);
             CHECK_EQ_INT(ferry_matvec_q(t, w, ROWS, N, xq, y), 0);
             int bad = 0;
             for (int r = 0; r < ROWS; r++) {
@@ -209,7 +211,7 @@ int main(void)
                 }
             }
             CHECK_EQ_INT(bad, 0);
-            ferry__dtype_force_generic(0);
+            ferry__dtype_force_isa(-1);
         }
     }
     return check_finish();

@@ -4,10 +4,13 @@
  * in registers; every other readable type goes through a small stack buffer of f32.
  *
  * The kernels (dot_body.h) are compiled twice: portable vector code for the baseline ISA, and on
- * x86 an AVX2+FMA+F16C variant picked at run time when the CPU has it. Both give the same sums up
- * to float rounding (FMA rounds products once, not twice; the order of the sums differs).
+ * x86 an AVX2+FMA+F16C variant picked at run time when the CPU has it; with AVX-512 the f32, f16,
+ * bf16, q8_0 and q4_0 rows go to dot_avx512.c. All give the same sums up to float rounding (FMA
+ * rounds products once, not twice; the order of the sums differs).
  */
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dtype/dtype.h"
@@ -44,33 +47,65 @@ typedef float (*dot_kernel)(ferry_dtype t, const uint8_t *row, const float *x, u
 #undef KERN_X86
 #endif
 
-/* Set only by tests (ferry__dtype_force_generic), between runs. */
-static int force_generic;
+/* Set only by tests (ferry__dtype_force_isa), between runs. */
+static int force_cap = -1;
 
-int ferry__dtype_force_generic(int on)
+int ferry__dtype_force_isa(int level)
 {
-    int old = force_generic;
-    force_generic = on;
+    int old = force_cap;
+    force_cap = level;
     return old;
 }
 
-int ferry__dtype_use_avx2(void)
+int ferry__dtype_force_generic(int on)
 {
-#ifdef FERRY_DOT_X86
-    if (force_generic)
-        return 0;
-#if defined(__clang__)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#endif
-#else
-    return 0;
-#endif
+    return ferry__dtype_force_isa(on ? FERRY__ISA_GENERIC : -1) == FERRY__ISA_GENERIC;
 }
 
-const char *ferry__dot_isa(void) { return ferry__dtype_use_avx2() ? "avx2" : "generic"; }
+/* What the CPU supports, capped by FERRY_ISA: computed once (racing first calls compute the same
+ * value). */
+static int cpu_isa(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v >= 0)
+        return v;
+    v = FERRY__ISA_GENERIC;
+#ifdef FERRY_DOT_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+#if !defined(__clang__)
+        && __builtin_cpu_supports("f16c")
+#endif
+    ) {
+        v = FERRY__ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+            v = FERRY__ISA_AVX512;
+    }
+#endif
+    const char *e = getenv("FERRY_ISA");
+    if (e && strcmp(e, "generic") == 0)
+        v = FERRY__ISA_GENERIC;
+    else if (e && strcmp(e, "avx2") == 0 && v > FERRY__ISA_AVX2)
+        v = FERRY__ISA_AVX2;
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+}
+
+int ferry__dtype_isa(void)
+{
+    int v = cpu_isa();
+    return force_cap >= 0 && force_cap < v ? force_cap : v;
+}
+
+int ferry__dtype_use_avx2(void) { return ferry__dtype_isa() >= FERRY__ISA_AVX2; }
+
+const char *ferry__dot_isa(void)
+{
+    int v = ferry__dtype_isa();
+    return v == FERRY__ISA_AVX512 ? "avx512" : v == FERRY__ISA_AVX2 ? "avx2" : "generic";
+}
 
 static dot_kernel pick(ferry_dtype t)
 {
@@ -89,6 +124,12 @@ int ferry__dot_row(ferry_dtype t, const void *row, const float *x, uint64_t n, f
         return FERRY_ESHAPE;
     if (!out || (n && (!row || !x)))
         return FERRY_EINVAL;
+#ifdef FERRY_DOT_AVX512
+    /* one row through the matvec kernels: the same sums as the row computed among others */
+    if (n && ferry__dtype_isa() >= FERRY__ISA_AVX512 &&
+        ferry__matvec_avx512(t, row, 1, n, 0, x, out))
+        return 0;
+#endif
     *out = n ? pick(t)(t, row, x, n) : 0.0f;
     return 0;
 }
@@ -112,6 +153,11 @@ int ferry__matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, ui
         memset(y, 0, rows * sizeof *y);
         return 0;
     }
+#ifdef FERRY_DOT_AVX512
+    if (ferry__dtype_isa() >= FERRY__ISA_AVX512 &&
+        ferry__matvec_avx512(t, w, rows, cols, row_bytes, x, y))
+        return 0;
+#endif
     dot_kernel fn = pick(t);
     const uint8_t *p = w;
     for (uint64_t r = 0; r < rows; r++)

@@ -127,13 +127,31 @@ ferry__q6k_quants_avx2(const uint8_t *w, int h, __m256i q[4])
 }
 #endif
 
+/* The kernel sets of src/dtype/, in order: portable code, AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ
+ * with FMA and F16C: the f32 / f16 / bf16 / q8_0 / q4_0 kernels of ferry__matvec). */
+enum { FERRY__ISA_GENERIC = 0, FERRY__ISA_AVX2 = 1, FERRY__ISA_AVX512 = 2 };
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define FERRY_DOT_AVX512 1
+/* y = W.x over ROWS rows of COLS elements (ROW_BYTES apart) with the AVX-512 kernels; 0 when T
+ * has none (the caller falls back), 1 when done. Arguments already checked. */
+int ferry__matvec_avx512(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
+                         uint64_t row_bytes, const float *x, float *y);
+#endif
+
+/* The kernel set in use: the best the CPU supports, capped by the environment variable FERRY_ISA
+ * ("generic", "avx2", "avx512"; read once) and by the test hook below. */
+int ferry__dtype_isa(void);
+/* Test hook: caps the kernel set at LEVEL (a FERRY__ISA_ value; -1: no cap). Tests set it
+ * between runs, never while a kernel runs. Returns the previous cap. */
+int ferry__dtype_force_isa(int level);
 /* Test hook: whether the kernels of src/dtype/ (dot products, GEMM, f16 conversions) use the
- * portable code only (1) or the best the CPU supports (0, the default). Tests set it between
- * runs, never while a kernel runs. Returns the previous value. */
+ * portable code only (1) or the best the CPU supports (0, the default): ferry__dtype_force_isa
+ * of FERRY__ISA_GENERIC or -1. Returns the previous value. */
 int ferry__dtype_force_generic(int on);
-/* 1 when the AVX2+FMA+F16C kernels may be used: an x86 CPU that has them, and the hook unset. */
+/* 1 when the AVX2+FMA+F16C kernels may be used: an x86 CPU that has them, and no cap below. */
 int ferry__dtype_use_avx2(void);
-/* Name of the kernel set in use now ("avx2" or "generic"). */
+/* Name of the kernel set in use now ("avx512", "avx2" or "generic"). */
 const char *ferry__dot_isa(void);
 
 #endif

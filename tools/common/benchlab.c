@@ -15,8 +15,10 @@
  *   limit  cold buffered read (page cache readahead into one reused buffer)
  *   limit  first touch of fresh anonymous memory of the model's size (best of 1 and 2 threads)
  *   limit  memcpy (file in the page cache from here on)
- *   ferry  warm load, load READ (a private copy); then one decode pass over the resident weights:
- *          the resident compute limit
+ *   limit  read bandwidth of resident memory (a buffer beyond the last-level cache; best of 1 ..
+ *          online CPUs threads)
+ *   ferry  warm load, load READ (a private copy); then one decode pass over the resident weights,
+ *          rows split over --threads threads: the resident compute limit
  *   ferry  warm load, load AUTO (zero-copy: no copy, only the time to make it resident)
  * A load is "ready" when ferry_prepare of every tensor has returned and one byte of every page of
  * every data pointer has been read; cold loads start with the files dropped from the page cache.
@@ -40,6 +42,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +130,13 @@ static int describe_model(benchlab *b)
     if (b->model == 0)
         return cli_error("%s: the model has no tensor data to load", b->path);
     b->x = malloc(b->max_cols * sizeof *b->x);
-    b->y = malloc(b->max_rows * sizeof *b->y);
+    if (b->threads == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        b->threads = c > 0 ? (unsigned)c : 1;
+    }
+    if (b->threads > BENCHLAB_MAX_THREADS)
+        b->threads = BENCHLAB_MAX_THREADS;
+    b->y = malloc(b->max_rows * b->threads * sizeof *b->y); /* one share per compute thread */
     if (!b->x || !b->y)
         return cli_error("out of memory");
     for (uint64_t i = 0; i < b->max_cols; i++)
@@ -203,20 +212,77 @@ static void touch_pages(const unsigned char *p, uint64_t n, uint64_t page)
     sink ^= acc;
 }
 
+/* One weight of a compute pass. */
+typedef struct compute_op {
+    ferry_dtype t;
+    const void *w;
+    uint64_t rows, cols, row_bytes;
+} compute_op;
+
+/* One thread's share of a compute pass: rows [rows * I / N, rows * (I + 1) / N) of every op,
+ * into its own Y; no thread waits on another until the join. */
+typedef struct compute_share {
+    const compute_op *ops;
+    size_t n_ops;
+    unsigned i, n;
+    const float *x;
+    float *y;
+    double checksum;
+} compute_share;
+
+static void *compute_main(void *arg)
+{
+    compute_share *c = arg;
+    for (size_t k = 0; k < c->n_ops; k++) {
+        const compute_op *o = &c->ops[k];
+        uint64_t r0 = o->rows * c->i / c->n, r1 = o->rows * (c->i + 1) / c->n;
+        if (r1 > r0 && ferry_matvec(o->t, (const unsigned char *)o->w + r0 * o->row_bytes,
+                                    r1 - r0, o->cols, c->x, c->y) == 0)
+            c->checksum += (r0 == 0 ? c->y[0] : 0.0f) + (r1 == o->rows ? c->y[r1 - r0 - 1] : 0.0f);
+    }
+    return NULL;
+}
+
 /* One decode pass over the tensors of SETS (already prepared on the cpu): y = W.x for every
- * weight of two or more dimensions whose type ferry_matvec reads. */
+ * weight of two or more dimensions whose type ferry_matvec reads, the rows of each split over
+ * b->threads threads (fewer when a thread cannot start). */
 static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
 {
+    size_t n_ops = 0, k = 0;
+    for (size_t s = from; s < to; s++)
+        n_ops += sets[s].n;
+    compute_op *ops = malloc((n_ops ? n_ops : 1) * sizeof *ops);
+    if (!ops)
+        return;
     for (size_t s = from; s < to; s++)
         for (size_t i = 0; i < sets[s].n; i++) {
             ferry_tensor_info info;
             ferry_tensor_get_info(sets[s].t[i], &info);
-            if (info.ndim < 2 || !info.n_rows || !info.row_elems)
+            ferry_dtype t = ferry_tensor_dtype(sets[s].t[i]);
+            uint64_t rb;
+            if (info.ndim < 2 || !info.n_rows || !info.row_elems ||
+                ferry_dtype_nbytes(t, info.row_elems, &rb))
                 continue; /* a vector, or an empty weight: no product to take */
-            if (ferry_matvec(ferry_tensor_dtype(sets[s].t[i]), ferry_tensor_data(sets[s].t[i]),
-                             info.n_rows, info.row_elems, b->x, b->y) == 0)
-                b->checksum += b->y[0] + b->y[info.n_rows - 1];
+            ops[k++] = (compute_op){t, ferry_tensor_data(sets[s].t[i]), info.n_rows,
+                                    info.row_elems, rb};
         }
+    compute_share sh[BENCHLAB_MAX_THREADS];
+    pthread_t th[BENCHLAB_MAX_THREADS];
+    unsigned n = b->threads, started = 1;
+    for (unsigned i = 0; i < n; i++)
+        sh[i] = (compute_share){ops, k, i, n, b->x, b->y + (size_t)i * b->max_rows, 0};
+    for (; started < n; started++)
+        if (pthread_create(&th[started], NULL, compute_main, &sh[started]) != 0)
+            break;
+    if (started < n) /* the shares of the threads that did not start: the caller's */
+        for (unsigned i = started; i < n; i++)
+            compute_main(&sh[i]);
+    compute_main(&sh[0]);
+    for (unsigned i = 1; i < started; i++)
+        pthread_join(th[i], NULL);
+    for (unsigned i = 0; i < n; i++)
+        b->checksum += sh[i].checksum;
+    free(ops);
 }
 
 /* The first and last bytes of every prepared tensor against the file (after the clock). */
@@ -343,6 +409,19 @@ static int run_fresh(benchlab *b)
                          ferry_strerror((int)g));
     b->fresh_threads = th;
     put(b, BENCHLAB_FRESH, g);
+    return 0;
+}
+
+/* Resident memory read, best of 1 .. online CPUs threads (limits.c's default buffer: beyond the
+ * last-level cache). */
+static int run_read(benchlab *b)
+{
+    unsigned th = 1;
+    double g = limits_read_bandwidth_best(0, 0, &th);
+    if (g < 0)
+        return cli_error("memory read: %s", ferry_strerror((int)g));
+    b->read_threads = th;
+    put(b, BENCHLAB_READ, g);
     return 0;
 }
 
@@ -641,7 +720,7 @@ static int run_once(benchlab *b, size_t run)
     if ((rc = run_fresh(b)))
         return rc;
     step_done(b);
-    if ((rc = warm_files(b)) || (rc = run_memcpy(b)))
+    if ((rc = warm_files(b)) || (rc = run_memcpy(b)) || (rc = run_read(b)))
         return rc;
     step_done(b);
     if ((rc = run_load(b, FERRY_LOAD_READ, 0, BENCHLAB_WARM_READ, 1)))

@@ -16,6 +16,7 @@
 
 #define BENCHLAB_MAX_RUNS 32
 #define BENCHLAB_MAX_PASSES 100
+#define BENCHLAB_MAX_THREADS 64
 
 /* The figures of one run; their medians over the runs are benchlab.med[]. */
 enum {
@@ -30,6 +31,7 @@ enum {
     BENCHLAB_MEMCPY,        /* limit: GB/s */
     BENCHLAB_WARM_READ,     /* ferry: GB/s */
     BENCHLAB_COMPUTE,       /* limit: seconds per decode pass over resident weights */
+    BENCHLAB_READ,          /* limit: GB/s, reading resident memory (best thread count) */
     BENCHLAB_WARM_AUTO,     /* ferry: seconds to resident (no copy) */
     BENCHLAB_COUNT
 };
@@ -107,6 +109,7 @@ typedef struct benchlab {
     uint64_t stream_request;
     int split_large;           /* (internal) the capped stream: layers above B/32 cut into tensors,
                                   no O_DIRECT limit reads inside the cgroup */
+    unsigned threads;          /* threads of the compute passes (0: the online CPUs) */
 
     /* the model, from benchlab_open */
     char **files;
@@ -125,6 +128,7 @@ typedef struct benchlab {
     size_t n[BENCHLAB_COUNT];
     double med[BENCHLAB_COUNT];
     unsigned direct_readers, fresh_threads;
+    unsigned read_threads;     /* the best thread count of BENCHLAB_READ */
     int no_direct;             /* the filesystem refuses O_DIRECT: BENCHLAB_DIRECT is buffered */
     uint64_t direct_request;
     double direct_best;

@@ -492,3 +492,164 @@ double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads)
     }
     return best;
 }
+
+/* ---- resident read bandwidth ------------------------------------------------------------- */
+
+typedef struct read_job {
+    const uint64_t *w;
+    uint64_t from, to;            /* words */
+    gate *start;                  /* NULL for the caller's own share */
+    uint64_t sum;
+    double t1;
+} read_job;
+
+/* Pairs of words as GNU C vectors: SSE2's loads on x86-64 (a wider vector type than the base
+ * ISA has would be split and sent through the stack). */
+typedef uint64_t read_vec __attribute__((vector_size(16)));
+
+static void *read_main(void *arg)
+{
+    read_job *j = arg;
+    if (j->start)
+        gate_arrive(j->start);
+    /* eight independent sums of 2 words: the loop is bound by loads, not by an add's latency */
+    read_vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+    uint64_t i = j->from;
+    for (; i + 16 <= j->to; i += 16) {
+        read_vec v0, v1, v2, v3, v4, v5, v6, v7;
+        memcpy(&v0, j->w + i, 16);
+        memcpy(&v1, j->w + i + 2, 16);
+        memcpy(&v2, j->w + i + 4, 16);
+        memcpy(&v3, j->w + i + 6, 16);
+        memcpy(&v4, j->w + i + 8, 16);
+        memcpy(&v5, j->w + i + 10, 16);
+        memcpy(&v6, j->w + i + 12, 16);
+        memcpy(&v7, j->w + i + 14, 16);
+        s0 += v0;
+        s1 += v1;
+        s2 += v2;
+        s3 += v3;
+        s4 += v4;
+        s5 += v5;
+        s6 += v6;
+        s7 += v7;
+    }
+    s0 += s1 + s2 + s3 + s4 + s5 + s6 + s7;
+    uint64_t sum = s0[0] + s0[1];
+    for (; i < j->to; i++)
+        sum += j->w[i];
+    j->sum = sum;
+    j->t1 = ferry_now();
+    return NULL;
+}
+
+static uint64_t default_read_bytes(void)
+{
+    long llc = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    uint64_t b = llc > 0 ? 4 * (uint64_t)llc : 0;
+    return b > (UINT64_C(256) << 20) ? b : UINT64_C(256) << 20;
+}
+
+/* A buffer of BYTES (0: the default) of words 0, 1, 2...: *WORDS receives their count. */
+static uint64_t *read_buffer(uint64_t bytes, uint64_t *words)
+{
+    if (bytes == 0)
+        bytes = default_read_bytes();
+    if (bytes < 64 || bytes > SIZE_MAX)
+        return NULL;
+    *words = bytes / 8;
+    uint64_t *w = malloc((size_t)(*words * 8));
+    for (uint64_t i = 0; w && i < *words; i++)
+        w[i] = i;
+    return w;
+}
+
+/* The best of 3 timed passes of THREADS readers over W[0..WORDS). */
+static double read_passes(const uint64_t *w, uint64_t words, unsigned threads)
+{
+    uint64_t want = words % 2 ? (words - 1) / 2 * words : words / 2 * (words - 1); /* mod 2^64 */
+    double best = 0;
+    for (int run = 0; run < 3 && best >= 0; run++) {
+        read_job jobs[MAX_THREADS];
+        pthread_t th[MAX_THREADS];
+        gate start;
+        gate_init(&start);
+        memset(jobs, 0, sizeof jobs);
+        for (unsigned i = 0; i < threads; i++) {
+            /* shares of whole cache lines */
+            jobs[i].w = w;
+            jobs[i].from = words / 8 * i / threads * 8;
+            jobs[i].to = i + 1 == threads ? words : words / 8 * (i + 1) / threads * 8;
+            jobs[i].start = i ? &start : NULL;
+        }
+        unsigned started = 1;
+        for (; started < threads; started++)
+            if (pthread_create(&th[started], NULL, read_main, &jobs[started]) != 0)
+                break;
+        gate_await(&start, started - 1);
+        double t0 = ferry_now();
+        gate_open(&start);
+        if (started == threads)
+            read_main(&jobs[0]);
+        double t1 = jobs[0].t1;
+        uint64_t sum = jobs[0].sum;
+        for (unsigned i = 1; i < started; i++) {
+            pthread_join(th[i], NULL);
+            t1 = jobs[i].t1 > t1 ? jobs[i].t1 : t1;
+            sum += jobs[i].sum;
+        }
+        gate_destroy(&start);
+        if (started != threads)
+            best = FERRY_ENOMEM; /* a thread could not start */
+        else if (sum != want)
+            best = FERRY_EIO; /* the sums are checked, so the reads cannot be optimised away */
+        else if (t1 > t0 && (double)(words * 8) / (t1 - t0) / 1e9 > best)
+            best = (double)(words * 8) / (t1 - t0) / 1e9;
+    }
+    return best != 0 ? best : FERRY_EIO;
+}
+
+double limits_read_bandwidth(uint64_t bytes, unsigned threads)
+{
+    if (threads == 0 || threads > MAX_THREADS)
+        return FERRY_EINVAL;
+    uint64_t words = 0;
+    uint64_t *w = read_buffer(bytes, &words);
+    if (!w)
+        return words ? FERRY_ENOMEM : FERRY_EINVAL;
+    double g = read_passes(w, words, threads);
+    free(w);
+    return g;
+}
+
+double limits_read_bandwidth_best(uint64_t bytes, unsigned max_threads, unsigned *best_threads)
+{
+    if (max_threads == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        max_threads = c > 0 ? (unsigned)c : 1;
+    }
+    if (max_threads > MAX_THREADS)
+        max_threads = MAX_THREADS;
+    uint64_t words = 0;
+    uint64_t *w = read_buffer(bytes, &words);
+    if (!w)
+        return words ? FERRY_ENOMEM : FERRY_EINVAL;
+    double best = 0;
+    for (unsigned t = 1; t <= max_threads; t++) {
+        double g = read_passes(w, words, t);
+        if (g < 0) {
+            best = g;
+            break;
+        }
+        if (g > best) {
+            best = g;
+            if (best_threads)
+                *best_threads = t;
+        }
+    }
+    free(w);
+    return best;
+}

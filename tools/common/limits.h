@@ -52,6 +52,16 @@ double limits_fresh_memory(uint64_t bytes, unsigned threads);
 /* The best limits_fresh_memory of 1 and 2 threads; *BEST_THREADS (may be NULL) receives which. */
 double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads);
 
+/* Read bandwidth of resident memory: a reused buffer of BYTES (0: four times the last-level
+ * cache, at least 256 MiB), written before the clock, then THREADS threads (1..64) each sum the
+ * 64-bit words of their own contiguous share, several sums at a time (the compiler's widest
+ * vector loads); best of 3 passes. What a pass over resident weights can read at most. */
+double limits_read_bandwidth(uint64_t bytes, unsigned threads);
+
+/* The best limits_read_bandwidth over 1..MAX_THREADS threads (0: the online CPUs);
+ * *BEST_THREADS (may be NULL) receives which. */
+double limits_read_bandwidth_best(uint64_t bytes, unsigned max_threads, unsigned *best_threads);
+
 /* ---- page cache control ------------------------------------------------------------------- */
 
 /* Drops PATH from the page cache (POSIX_FADV_DONTNEED). Pages that a live mapping of this
