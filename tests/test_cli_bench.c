@@ -152,7 +152,8 @@ static void test_json(const char *model_path)
         "cold_load_gbps",        "warm_load_gbps",      "mmap_fault_load_gbps",
         "mmap_populate_load_gbps", "cold_load_ratio",   "warm_load_ratio",
         "buffered_read_gbps",    "cold_load_direct_gbps", "resident_compute_seconds",
-        "warm_auto_seconds",     "model_bytes"};
+        "warm_auto_seconds",     "model_bytes",         "read_bandwidth_gbps",
+        "resident_compute_ratio", "resident_compute_threads", "read_bandwidth_threads"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         positive(&doc, keys[i]);
     /* the ratios are what they say they are */
@@ -162,6 +163,8 @@ static void test_json(const char *model_path)
     double cr = jnum(jget(&doc, "cold_load_ratio")), wr = jnum(jget(&doc, "warm_load_ratio"));
     CHECK(fabs(cr - cold / fmin(direct, fresh)) <= 1e-9 * cr);
     CHECK(fabs(wr - warm / fmin(mc, fresh)) <= 1e-9 * wr);
+    double cg = jnum(jget(&doc, "resident_compute_gbps")), rb = jnum(jget(&doc, "read_bandwidth_gbps"));
+    CHECK(fabs(jnum(jget(&doc, "resident_compute_ratio")) - cg / rb) <= 1e-9 * cg / rb);
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
     CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
     const ferry__json *st = jget(&doc, "stream");
@@ -176,13 +179,14 @@ static void test_json(const char *model_path)
 
 static void test_device(const char *model_path)
 {
-    CHECK_EQ_INT(run("bench --quick --json --device sim:256MiB@4GB/s '%s'", model_path), 0);
+    CHECK_EQ_INT(run("bench --quick --json --threads 1 --device sim:256MiB@4GB/s '%s'", model_path), 0);
     ferry__json doc;
     int rc = parse_stdout(&doc);
     CHECK_EQ_INT(rc, 0);
     if (rc)
         return;
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
+    CHECK(jnum(jget(&doc, "resident_compute_threads")) == 1);
     const ferry__json *ds = jget(&doc, "device_stream");
     CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
     if (ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1) {
@@ -269,6 +273,7 @@ static void test_table(const char *model_path)
     CHECK(strstr(out_text, "max over its devices of (M_i - B_i + W_i) / BW_i") != NULL);
     static const char *rows[] = {"O_DIRECT read", "cold buffered read", "memcpy",
                                  "fresh memory",  "resident compute",   "cold, auto",
+                                 "memory read (",
                                  "cold, direct",  "mmap page faults",   "mmap + populate",
                                  "warm, read",    "no copy",            "streams:",
                                  "efficiency"};
@@ -287,6 +292,8 @@ static void test_usage(const char *model_path)
     CHECK(strstr(err_text, "no model file") != NULL);
     CHECK_EQ_INT(run("bench --passes 2 '%s'", model_path), 2);
     CHECK_EQ_INT(run("bench --runs 0 '%s'", model_path), 2);
+    CHECK_EQ_INT(run("bench --threads 0 '%s'", model_path), 2);
+    CHECK(strstr(err_text, "--threads") != NULL);
     CHECK_EQ_INT(run("bench --device sim:64MiB '%s'", model_path), 2);
     CHECK(strstr(err_text, "bandwidth") != NULL);
     CHECK_EQ_INT(run("bench '%s' '%s'", model_path, model_path), 2);
