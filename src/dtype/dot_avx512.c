@@ -78,52 +78,71 @@ DENSE_KERNEL(rows_f32, 4, W16_F32, W16M_F32)
 DENSE_KERNEL(rows_f16, 2, W16_F16, W16M_F16)
 DENSE_KERNEL(rows_bf16, 2, W16_BF16, W16M_BF16)
 
-/* The block scale of a q8_0 / q4_0 block at P (an f16) in every lane. */
-#define KSCALE512(p) _mm512_set1_ps(_cvtsh_ss(ferry__ld16(p)))
+/* The block kernels: per block the 32 products q*x in a vector, then one fma with the block's
+ * scale into one of two accumulators (even and odd blocks); BS bytes a block. The scales of up to
+ * SC_CHUNK blocks of each row are first converted to f32 in a local array (scalar loads, one
+ * vector conversion per 16), so that the block loop takes each as a broadcast memory operand. */
+enum { SC_CHUNK = 64 };
 
-/* One q8_0 block at P against x0, x1 (its 32 elements of x) into ACC. */
-#define Q8_BLOCK(p, x0, x1, acc)                                                                   \
+K512 static KINL void block_scales(const uint8_t *p, uint64_t bs, uint64_t nb, float *out)
+{
+    uint16_t h[SC_CHUNK];
+    for (uint64_t b = 0; b < nb; b++)
+        h[b] = ferry__ld16(p + bs * b);
+    for (uint64_t b = nb; b % 16; b++)
+        h[b] = 0;
+    for (uint64_t b = 0; b < nb; b += 16)
+        _mm512_storeu_ps(out + b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + b))));
+}
+
+/* One q8_0 block at P against x0, x1 (its 32 elements of x) into ACC, scaled by D. */
+#define Q8_BLOCK(p, x0, x1, d, acc)                                                                \
     do {                                                                                           \
         __m512 q0_ = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((p) + 2))));  \
         __m512 q1_ = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((p) + 18)))); \
-        (acc) = _mm512_fmadd_ps(_mm512_fmadd_ps(q1_, (x1), _mm512_mul_ps(q0_, (x0))), KSCALE512(p), (acc)); \
+        (acc) = _mm512_fmadd_ps(_mm512_fmadd_ps(q1_, (x1), _mm512_mul_ps(q0_, (x0))), _mm512_set1_ps(d), (acc)); \
     } while (0)
 
 /* q4_0: the 16 bytes of nibbles widened to 16 lanes; a lane's low nibble (element j) and high
  * nibble (element j + 16) pick their value - 8 out of a 16-float table (vpermps reads only the
  * index's low four bits). */
-#define Q4_BLOCK(p, x0, x1, acc)                                                                   \
+#define Q4_BLOCK(p, x0, x1, d, acc)                                                                \
     do {                                                                                           \
         __m512i v_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((p) + 2)));           \
         __m512 lo_ = _mm512_permutexvar_ps(v_, tbl), hi_ = _mm512_permutexvar_ps(_mm512_srli_epi32(v_, 4), tbl); \
-        (acc) = _mm512_fmadd_ps(_mm512_fmadd_ps(hi_, (x1), _mm512_mul_ps(lo_, (x0))), KSCALE512(p), (acc)); \
+        (acc) = _mm512_fmadd_ps(_mm512_fmadd_ps(hi_, (x1), _mm512_mul_ps(lo_, (x0))), _mm512_set1_ps(d), (acc)); \
     } while (0)
 
-/* The block kernels: per block the 32 products q*x in a vector, then one fma with the block's
- * scale into one of two accumulators (even and odd blocks); BS bytes a block. */
 #define BLOCK_KERNEL(name, BS, BLOCK)                                                              \
     K512 static KINL void name(const uint8_t *w, uint64_t rb, const float *x, uint64_t n,         \
                                float *y, const int R)                                              \
     {                                                                                              \
         const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7); \
         (void)tbl;                                                                                 \
+        float sc[4][SC_CHUNK];                                                                     \
         __m512 a[4][2];                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm512_setzero_ps(); \
-        uint64_t nb = n / 32, b = 0;                                                               \
-        for (; b + 2 <= nb; b += 2) {                                                              \
-            const float *xb = x + 32 * b;                                                          \
-            __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);                        \
-            __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);                   \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
-                const uint8_t *p = w + r * rb + (BS) * b;                                          \
-                BLOCK(p, x0, x1, a[r][0]);                                                         \
-                BLOCK(p + (BS), x2, x3, a[r][1]);                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        if (b < nb) {                                                                              \
-            __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);       \
+        uint64_t nb = n / 32;                                                                      \
+        for (uint64_t c = 0; c < nb; c += SC_CHUNK) {                                              \
+            uint64_t cn = nb - c < SC_CHUNK ? nb - c : SC_CHUNK, b = 0;                            \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                    \
-                BLOCK(w + r * rb + (BS) * b, x0, x1, a[r][0]);                                     \
+                block_scales(w + r * rb + (BS) * c, (BS), cn, sc[r]);                              \
+            for (; b + 2 <= cn; b += 2) {                                                          \
+                const float *xb = x + 32 * (c + b);                                                \
+                __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);                    \
+                __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                              \
+                    const uint8_t *p = w + r * rb + (BS) * (c + b);                                \
+                    BLOCK(p, x0, x1, sc[r][b], a[r][0]);                                           \
+                    BLOCK(p + (BS), x2, x3, sc[r][b + 1], a[r][1]);                                \
+                }                                                                                  \
+            }                                                                                      \
+            if (b < cn) {                                                                          \
+                const float *xb = x + 32 * (c + b);                                                \
+                __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);                    \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                \
+                    BLOCK(w + r * rb + (BS) * (c + b), x0, x1, sc[r][b], a[r][0]);                 \
+            }                                                                                      \
         }                                                                                          \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] =                                 \
             _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1]));                                 \
