@@ -43,6 +43,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,20 +213,24 @@ static void touch_pages(const unsigned char *p, uint64_t n, uint64_t page)
     sink ^= acc;
 }
 
-/* One weight of a compute pass. */
-typedef struct compute_op {
+/* One piece of a compute pass: rows [r0, r1) of one weight. */
+typedef struct compute_unit {
     ferry_dtype t;
-    const void *w;
-    uint64_t rows, cols, row_bytes;
-} compute_op;
+    const void *w;   /* the weight's first row */
+    uint64_t rows, cols, row_bytes, r0, r1;
+} compute_unit;
 
-/* One thread's share of a compute pass: rows [rows * I / N, rows * (I + 1) / N) of every op,
- * into its own Y; no thread waits on another until the join. */
-typedef struct compute_share {
-    const compute_op *ops;
-    size_t n_ops;
-    unsigned i, n;
+/* The pieces of a pass, taken in turn by its threads (a thread the host deschedules holds up no
+ * share of its own), each into its own Y. */
+typedef struct compute_pass {
+    const compute_unit *u;
+    size_t n;
+    _Atomic size_t next;
     const float *x;
+} compute_pass;
+
+typedef struct compute_share {
+    compute_pass *pass;
     float *y;
     double checksum;
 } compute_share;
@@ -233,56 +238,69 @@ typedef struct compute_share {
 static void *compute_main(void *arg)
 {
     compute_share *c = arg;
-    for (size_t k = 0; k < c->n_ops; k++) {
-        const compute_op *o = &c->ops[k];
-        uint64_t r0 = o->rows * c->i / c->n, r1 = o->rows * (c->i + 1) / c->n;
-        if (r1 > r0 && ferry_matvec(o->t, (const unsigned char *)o->w + r0 * o->row_bytes,
-                                    r1 - r0, o->cols, c->x, c->y) == 0)
-            c->checksum += (r0 == 0 ? c->y[0] : 0.0f) + (r1 == o->rows ? c->y[r1 - r0 - 1] : 0.0f);
+    compute_pass *p = c->pass;
+    for (size_t k; (k = atomic_fetch_add(&p->next, 1)) < p->n;) {
+        const compute_unit *o = &p->u[k];
+        if (ferry_matvec(o->t, (const unsigned char *)o->w + o->r0 * o->row_bytes, o->r1 - o->r0,
+                         o->cols, p->x, c->y) == 0)
+            c->checksum += (o->r0 == 0 ? c->y[0] : 0.0f) +
+                           (o->r1 == o->rows ? c->y[o->r1 - o->r0 - 1] : 0.0f);
     }
     return NULL;
 }
 
+/* Rows of a piece: about 256 KiB of weights. */
+#define COMPUTE_PIECE_BYTES (UINT64_C(256) << 10)
+
 /* One decode pass over the tensors of SETS (already prepared on the cpu): y = W.x for every
- * weight of two or more dimensions whose type ferry_matvec reads, the rows of each split over
+ * weight of two or more dimensions whose type ferry_matvec reads, in pieces of rows shared by
  * b->threads threads (fewer when a thread cannot start). */
 static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
 {
-    size_t n_ops = 0, k = 0;
-    for (size_t s = from; s < to; s++)
-        n_ops += sets[s].n;
-    compute_op *ops = malloc((n_ops ? n_ops : 1) * sizeof *ops);
-    if (!ops)
-        return;
-    for (size_t s = from; s < to; s++)
-        for (size_t i = 0; i < sets[s].n; i++) {
-            ferry_tensor_info info;
-            ferry_tensor_get_info(sets[s].t[i], &info);
-            ferry_dtype t = ferry_tensor_dtype(sets[s].t[i]);
-            uint64_t rb;
-            if (info.ndim < 2 || !info.n_rows || !info.row_elems ||
-                ferry_dtype_nbytes(t, info.row_elems, &rb))
-                continue; /* a vector, or an empty weight: no product to take */
-            ops[k++] = (compute_op){t, ferry_tensor_data(sets[s].t[i]), info.n_rows,
-                                    info.row_elems, rb};
+    size_t n_units = 0, k = 0;
+    for (int count = 1; count >= 0; count--) {
+        for (size_t s = from; s < to; s++)
+            for (size_t i = 0; i < sets[s].n; i++) {
+                ferry_tensor_info info;
+                ferry_tensor_get_info(sets[s].t[i], &info);
+                ferry_dtype t = ferry_tensor_dtype(sets[s].t[i]);
+                uint64_t rb;
+                if (info.ndim < 2 || !info.n_rows || !info.row_elems ||
+                    ferry_dtype_nbytes(t, info.row_elems, &rb))
+                    continue; /* a vector, or an empty weight: no product to take */
+                uint64_t step = rb >= COMPUTE_PIECE_BYTES ? 1 : COMPUTE_PIECE_BYTES / rb;
+                for (uint64_t r = 0; r < info.n_rows; r += step, k++)
+                    if (!count)
+                        b->units[k] = (compute_unit){
+                            t, ferry_tensor_data(sets[s].t[i]), info.n_rows, info.row_elems, rb, r,
+                            info.n_rows - r < step ? info.n_rows : r + step};
+            }
+        if (count) {
+            n_units = k;
+            k = 0;
+            if (n_units > b->units_cap) {
+                compute_unit *u = realloc(b->units, n_units * sizeof *u);
+                if (!u)
+                    return;
+                b->units = u;
+                b->units_cap = n_units;
+            }
         }
+    }
+    compute_pass pass = {b->units, n_units, 0, b->x};
     compute_share sh[BENCHLAB_MAX_THREADS];
     pthread_t th[BENCHLAB_MAX_THREADS];
     unsigned n = b->threads, started = 1;
     for (unsigned i = 0; i < n; i++)
-        sh[i] = (compute_share){ops, k, i, n, b->x, b->y + (size_t)i * b->max_rows, 0};
+        sh[i] = (compute_share){&pass, b->y + (size_t)i * b->max_rows, 0};
     for (; started < n; started++)
         if (pthread_create(&th[started], NULL, compute_main, &sh[started]) != 0)
             break;
-    if (started < n) /* the shares of the threads that did not start: the caller's */
-        for (unsigned i = started; i < n; i++)
-            compute_main(&sh[i]);
     compute_main(&sh[0]);
     for (unsigned i = 1; i < started; i++)
         pthread_join(th[i], NULL);
-    for (unsigned i = 0; i < n; i++)
+    for (unsigned i = 0; i < started; i++)
         b->checksum += sh[i].checksum;
-    free(ops);
 }
 
 /* The first and last bytes of every prepared tensor against the file (after the clock). */
@@ -858,6 +876,7 @@ void benchlab_close(benchlab *b)
     free(b->file_sizes);
     free(b->x);
     free(b->y);
+    free(b->units);
     runopts_free(&b->groups);
 }
 

@@ -143,6 +143,8 @@ typedef struct benchlab {
 
     /* scratch of the measurements */
     float *x, *y;
+    struct compute_unit *units; /* the pieces of a compute pass, reused */
+    size_t units_cap;
     double checksum;
     uint64_t page;
     cli_progress bar;
