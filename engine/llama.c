@@ -661,23 +661,55 @@ static float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
  * (32 lanes, every fused multiply-add and add rounded to f16) for the 128-element steps of a head,
  * in f32 / f64 otherwise. llama.f16_arith says which of the two a model mimics (cpuid;
  * FERRY_F16_ARITH = 0 or 1 overrides). */
-/* D rounded once to the nearest f16 (ties to even), as a float; beyond the range gives Inf. */
+/* D rounded once to the nearest f16 (ties to even), as a float; beyond the range gives Inf.
+ * Integer arithmetic on D's bits: the mantissa's bits below the f16 quantum are dropped with
+ * round-half-even. */
 static float f16_round(double d)
 {
-    if (d == 0.0 || !isfinite(d))
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    uint64_t a = u & ~(UINT64_C(1) << 63);
+    if (a == 0 || a >= UINT64_C(0x7ff0000000000000))
         return (float)d;
-    int e;
-    frexp(d, &e); /* |d| = m 2^e, m in [0.5, 1): the leading bit is 2^(e-1) */
-    int q = e - 1 < -14 ? -24 : e - 1 - 10; /* the f16 quantum at that magnitude */
-    double r = ldexp(nearbyint(ldexp(d, -q)), q);
-    return fabs(r) >= 65520.0 ? (float)copysign(INFINITY, d) : (float)r;
+    int e = (int)(a >> 52) - 1023; /* |d| in [2^e, 2^(e+1)) */
+    if (e < -25)                   /* below half the smallest subnormal */
+        return (float)(d * 0.0);
+    if (e > 15)
+        return (float)copysign(INFINITY, d);
+    int q = e < -14 ? -24 : e - 10; /* the f16 quantum at that magnitude: 2^q */
+    int shift = 52 - (e - q);       /* 42 for normal halves, up to 53 */
+    uint64_t m = (a & ((UINT64_C(1) << 52) - 1)) | (UINT64_C(1) << 52);
+    uint64_t k = m >> shift, rem = m & ((UINT64_C(1) << shift) - 1), half = UINT64_C(1) << (shift - 1);
+    if (rem > half || (rem == half && (k & 1)))
+        k++;
+    uint64_t pb = (uint64_t)(q + 1023) << 52; /* 2^q */
+    double p2;
+    memcpy(&p2, &pb, sizeof p2);
+    double r = (double)k * p2;
+    if (r >= 65520.0)
+        return (float)copysign(INFINITY, d);
+    return (float)copysign(r, d);
 }
 
-/* f16 operations on f16 values: the exact result rounded once (the product of two f16 values is
- * exact in f64, and so is the sum of it and an f16 accumulator wherever that sum can round
- * differently). */
-static float fma_h(float a, float b, float c) { return f16_round((double)a * b + c); }
-static float add_h(float a, float b) { return f16_round((double)a + b); }
+/* f16 operations on f16 values, the exact result rounded once. The product of two f16 values is
+ * exact in f32, and a sum of two f16 values rounded to f32 and then to f16 rounds as the exact
+ * sum would (f32 has 2 x 11 + 2 bits). A fused multiply-add rounded to f32 first rounds as the
+ * exact value would unless the f32 result lies exactly halfway between two f16 values: then the
+ * exact value, formed in f64, is rounded once. */
+static float fma_h(float a, float b, float c)
+{
+    float r = fmaf(a, b, c);
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    uint32_t ex = (u >> 23) & 0xffu;
+    /* the bits of r's significand below the f16 quantum: 13 for normal halves, more below */
+    int n = ex >= 113 ? 13 : 126 - (int)ex;
+    uint32_t sig = (u & 0x7fffffu) | (ex ? 0x800000u : 0u);
+    if (ex != 0xffu && n <= 24 && (sig & ((1u << n) - 1u)) == 1u << (n - 1))
+        return f16_round((double)a * b + c);
+    return round_f16(r);
+}
+static float add_h(float a, float b) { return round_f16(a + b); }
 
 /* q . k for f16 K as ggml's f16 dot product in llama.cpp's AVX-512 builds. With f16 arithmetic:
  * four 32-lane f16 accumulators over steps of 128 elements, combined pairwise and across lanes
@@ -738,7 +770,7 @@ static void scale_h(int f16_arith, float *out, float s, uint32_t n)
     uint32_t np = f16_arith ? n & ~127u : 0;
     float sh = round_f16(s);
     for (uint32_t i = 0; i < np; i++)
-        out[i] = f16_round((double)out[i] * sh);
+        out[i] = round_f16(out[i] * sh); /* exact in f32 */
     for (uint32_t i = np; i < n; i++)
         out[i] = round_f16(out[i] * s);
 }

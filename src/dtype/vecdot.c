@@ -364,6 +364,89 @@ VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 }
 #endif
 
+#ifdef VD_X86
+/* Eight rows at a time with AVX-512 VNNI: each row's exact integer sums of a block as vpdpbusd
+ * forms them, the eight rows' sums gathered into the lanes of one vector, then one fma per block
+ * into lane r's accumulator: row r gets the same bits as the one-row kernels above. */
+#define VD_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Lane r of the result: the sum of the eight int32 lanes of S[r]. */
+VD_VNNI static inline __m256i sum8x8(const __m256i s[8])
+{
+    __m256i t0 = _mm256_hadd_epi32(s[0], s[1]), t1 = _mm256_hadd_epi32(s[2], s[3]);
+    __m256i t2 = _mm256_hadd_epi32(s[4], s[5]), t3 = _mm256_hadd_epi32(s[6], s[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* The f16 scales at byte OFF of eight rows RB apart from W, as floats. */
+VD_VNNI static inline __m256 scales8(const uint8_t *w, __m256i rows, uint64_t off)
+{
+    __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + off), rows, 1);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+}
+
+VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                               float *y)
+{
+    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)rb));
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            _mm_prefetch((const char *)(w + r * rb + 34 * b + 512), _MM_HINT_T0);
+            __m256i a = _mm256_loadu_si256((const __m256i *)(w + r * rb + 34 * b + 2));
+            s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a),
+                                       _mm256_sign_epi8(x, a));
+        }
+        __m256 d = _mm256_mul_ps(scales8(w, rows, 34 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(s)), d, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                               float *y)
+{
+    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)rb));
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
+        /* (q - 8) . x = q . x - 8 * sum(x), q the unsigned nibbles */
+        __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), one, x);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            _mm_prefetch((const char *)(w + r * rb + 18 * b + 512), _MM_HINT_T0);
+            __m128i q = _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2));
+            __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+            s[r] = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, x),
+                                    _mm256_slli_epi32(sx, 3));
+        }
+        __m256 d = _mm256_mul_ps(scales8(w, rows, 18 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(s)), d, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                             float *y);
+
+/* The eight-row kernel for T on this CPU, or NULL. */
+static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
+{
+    if (ferry__dtype_isa() < FERRY__ISA_AVX512 || !__builtin_cpu_supports("avx512vnni") ||
+        row_bytes > INT32_MAX / 8)
+        return NULL;
+    return t == FERRY_DTYPE_Q8_0 ? q8_0_rows8 : t == FERRY_DTYPE_Q4_0 ? q4_0_rows8 : NULL;
+}
+#endif
+
 static vec_kernel pick(ferry_dtype t)
 {
 #ifdef VD_X86
@@ -402,7 +485,13 @@ int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, c
     if (!k) /* f32, f16, bf16 and the rest: the f32 kernels on the rounded vector */
         return ferry__matvec(t, w, rows, cols, row_bytes, xq, y);
     const uint8_t *p = w;
-    for (uint64_t r = 0; r < rows; r++)
+    uint64_t r = 0;
+#ifdef VD_X86
+    rows8_kernel k8 = pick_rows8(t, row_bytes);
+    for (; k8 && r + 8 <= rows; r += 8)
+        k8(p + r * row_bytes, row_bytes, xq, cols, y + r);
+#endif
+    for (; r < rows; r++)
         y[r] = k(p + r * row_bytes, xq, cols);
     return 0;
 }
