@@ -307,28 +307,61 @@ VD_AVX2 static float q4_0_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 /* The order of llama.cpp's repacked q4_K kernel (q4_K_8x8, used on x86 for every q4_K weight of a
  * multiple of 8 rows): per super-block the exact integer sums of scaled and of min terms, each
  * meeting its f32 scale in one fma into its own accumulator. */
+/* The eight 6-bit scales and then the eight 6-bit mins of a q4_K super-block's 12 packed bytes S,
+ * as bytes (the GGUF layout: sub-blocks 0..3 in the low six bits of bytes 0..3 and 4..7, 4..7
+ * in the nibbles of bytes 8..11 and the top two bits of bytes 0..7). */
+static inline void k4_unpack(const uint8_t *s, uint8_t out[16])
+{
+    uint32_t u[4], r[4];
+    memcpy(u, s, 12);
+    r[0] = u[0] & 0x3f3f3f3fu;
+    r[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    r[2] = u[1] & 0x3f3f3f3fu;
+    r[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, r, 16);
+}
+
+/* The q8_K block XQ's sums over each 32-element sub-block (pairs of its 16-element sums). */
+VD_AVX2 static inline __m128i q8k_pairs(const uint8_t *xq)
+{
+    __m256i bs = _mm256_loadu_si256((const __m256i *)(xq + 4 + 256));
+    return _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+}
+
+/* One q4_K super-block at W against the q8_K block XQ (PAIRS its q8k_pairs): eight int32 lanes
+ * whose sum is the exact sum of the scaled products, and the exact sum of the min terms in
+ * *SUMMS. */
+VD_AVX2 static inline __attribute__((always_inline)) __m256i q4_k_lanes(const uint8_t *w, const uint8_t *xq, __m128i pairs,
+                                         int32_t *summs)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const uint8_t *q8 = xq + 4;
+    uint8_t sm[16];
+    k4_unpack(w + 4, sm);
+    __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+    __m128i mm = _mm_madd_epi16(mins, pairs);
+    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
+    *summs = _mm_cvtsi128_si32(mm);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        __m256i xl = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c));
+        __m256i xh = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32));
+        __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16(sm[2 * c]));
+        __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(sm[2 * c + 1]));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+    }
+    return sumi;
+}
+
 VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
     float acc = 0.0f;
-    const __m256i m4 = _mm256_set1_epi8(15);
     for (uint64_t b = 0; b < n / 256; b++, w += 144, xq += Q8K_BYTES) {
-        const uint8_t *q8 = xq + 4;
-        int32_t summs = 0;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            int sc1, m1, sc2, m2;
-            ferry__k4_scale_min(w + 4, 2 * c, &sc1, &m1);
-            ferry__k4_scale_min(w + 4, 2 * c + 1, &sc2, &m2);
-            summs += m1 * (q8k_bsum(xq, 4 * c) + q8k_bsum(xq, 4 * c + 1)) +
-                     m2 * (q8k_bsum(xq, 4 * c + 2) + q8k_bsum(xq, 4 * c + 3));
-            __m256i q = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i xl = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c));
-            __m256i xh = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32));
-            __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16((short)sc1));
-            __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16((short)sc2));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-        }
+        int32_t summs;
+        __m256i sumi = q4_k_lanes(w, xq, q8k_pairs(xq), &summs);
         float dx = q8k_d(xq);
         acc = fmaf((float)hsum_i32(sumi), _cvtsh_ss(ferry__ld16(w)) * dx, acc);
         acc = fmaf(-(float)summs, _cvtsh_ss(ferry__ld16(w + 2)) * dx, acc);
@@ -336,30 +369,36 @@ VD_AVX2 static float q4_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
     return acc;
 }
 
+/* One q6_K super-block at W against the q8_K block XQ: eight int32 lanes whose sum is the exact
+ * sum of the scaled products of (q - 32) and x. */
+VD_AVX2 static inline __attribute__((always_inline)) __m256i q6_k_lanes(const uint8_t *w, const uint8_t *xq)
+{
+    const uint8_t *q8 = xq + 4;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i q[4];
+        ferry__q6k_quants_avx2(w, h, q);
+        for (int g = 0; g < 4; g++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * g));
+            __m256i p = _mm256_maddubs_epi16(q[g], x); /* q in 0..63 as unsigned bytes */
+            __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]),
+                                         _mm_set1_epi16(sc[8 * h + 2 * g]));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+        }
+    }
+    /* (q - 32) . x = q . x - 32 * (bsum . scale) */
+    __m256i bs = _mm256_loadu_si256((const __m256i *)(xq + 4 + 256));
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    return _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
+}
+
 VD_AVX2 static float q6_k_avx2(const uint8_t *w, const uint8_t *xq, uint64_t n)
 {
     float acc = 0.0f;
-    for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES) {
-        const uint8_t *q8 = xq + 4;
-        const int8_t *sc = (const int8_t *)(w + 192);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            __m256i q[4];
-            ferry__q6k_quants_avx2(w, h, q);
-            for (int g = 0; g < 4; g++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * g));
-                __m256i p = _mm256_maddubs_epi16(q[g], x); /* q in 0..63 as unsigned bytes */
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]),
-                                             _mm_set1_epi16(sc[8 * h + 2 * g]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
-            }
-        }
-        /* (q - 32) . x = q . x - 32 * (bsum . scale) */
-        __m256i bs = _mm256_loadu_si256((const __m256i *)(xq + 4 + 256));
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
-        acc = fmaf((float)hsum_i32(sumi), _cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq), acc);
-    }
+    for (uint64_t b = 0; b < n / 256; b++, w += 210, xq += Q8K_BYTES)
+        acc = fmaf((float)hsum_i32(q6_k_lanes(w, xq)), _cvtsh_ss(ferry__ld16(w + 208)) * q8k_d(xq),
+                   acc);
     return acc;
 }
 #endif
@@ -434,6 +473,54 @@ VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
     _mm256_storeu_ps(y, acc);
 }
 
+VD_VNNI static void q4_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                               float *y)
+{
+    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)rb));
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
+        __m256i s[8];
+        int32_t mins[8];
+        __m128i pairs = q8k_pairs(xq);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            _mm_prefetch((const char *)(w + r * rb + 144 * b + 576), _MM_HINT_T0);
+            s[r] = q4_k_lanes(w + r * rb + 144 * b, xq, pairs, &mins[r]);
+        }
+        /* d and dmin, the first four bytes of each row's block */
+        __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + 144 * b), rows, 1);
+        __m256 dx = _mm256_set1_ps(q8k_d(xq));
+        __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)), dx);
+        __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))), dx);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(s)), d, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mins)), dmin, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+VD_VNNI static void q6_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                               float *y)
+{
+    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)rb));
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
+        __m256i s[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            _mm_prefetch((const char *)(w + r * rb + 210 * b + 840), _MM_HINT_T0);
+            s[r] = q6_k_lanes(w + r * rb + 210 * b, xq);
+        }
+        /* d, the last two bytes of each row's block (read as the high half of bytes 206..209) */
+        __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + 210 * b + 206), rows, 1);
+        __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))),
+                                 _mm256_set1_ps(q8k_d(xq)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(s)), d, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                              float *y);
 
@@ -443,7 +530,13 @@ static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
     if (ferry__dtype_isa() < FERRY__ISA_AVX512 || !__builtin_cpu_supports("avx512vnni") ||
         row_bytes > INT32_MAX / 8)
         return NULL;
-    return t == FERRY_DTYPE_Q8_0 ? q8_0_rows8 : t == FERRY_DTYPE_Q4_0 ? q4_0_rows8 : NULL;
+    switch (t) {
+    case FERRY_DTYPE_Q8_0: return q8_0_rows8;
+    case FERRY_DTYPE_Q4_0: return q4_0_rows8;
+    case FERRY_DTYPE_Q4_K: return q4_k_rows8;
+    case FERRY_DTYPE_Q6_K: return q6_k_rows8;
+    default: return NULL;
+    }
 }
 #endif
 
