@@ -39,9 +39,9 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 #define FERRY_VERSION_MAJOR 0
-#define FERRY_VERSION_MINOR 2
+#define FERRY_VERSION_MINOR 3
 #define FERRY_VERSION_PATCH 0
-#define FERRY_VERSION_STRING "0.2.0"
+#define FERRY_VERSION_STRING "0.3.0"
 /* One number that grows with every release: major*10000 + minor*100 + patch. */
 #define FERRY_VERSION_NUMBER \
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)

@@ -20,10 +20,10 @@ from ._errors import FerryError, __all__ as _error_names
 from ._manager import DeviceTensor, Lora, Manager, Prepared, guard_sigbus, parse_size
 from ._safe_open import SafeOpen, safe_open
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 #: The path of the libferry this package loaded.
 library_path = _lib.path
-#: The version of that library ("0.2.0").
+#: The version of that library ("0.3.0").
 library_version = _lib.version
 
 
