@@ -419,6 +419,12 @@ VD_VNNI static inline __m256i sum8x8(const __m256i s[8])
                             _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
+/* The byte offsets of eight rows RB apart (RB * 7 fits an int32: pick_rows8 checks). */
+VD_VNNI static inline __m256i row_offsets(uint64_t rb)
+{
+    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
+}
+
 /* The f16 scales at byte OFF of eight rows RB apart from W, as floats. */
 VD_VNNI static inline __m256 scales8(const uint8_t *w, __m256i rows, uint64_t off)
 {
@@ -429,8 +435,7 @@ VD_VNNI static inline __m256 scales8(const uint8_t *w, __m256i rows, uint64_t of
 VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                float *y)
 {
-    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)rb));
+    const __m256i rows = row_offsets(rb);
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
@@ -450,8 +455,7 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
 VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                float *y)
 {
-    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)rb));
+    const __m256i rows = row_offsets(rb);
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
@@ -476,8 +480,7 @@ VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
 VD_VNNI static void q4_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                float *y)
 {
-    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)rb));
+    const __m256i rows = row_offsets(rb);
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
         __m256i s[8];
@@ -502,8 +505,7 @@ VD_VNNI static void q4_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
 VD_VNNI static void q6_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                float *y)
 {
-    const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)rb));
+    const __m256i rows = row_offsets(rb);
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
         __m256i s[8];
