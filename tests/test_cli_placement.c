@@ -8,6 +8,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "check.h"
 #include "ferry.h"
@@ -187,11 +188,16 @@ static void test_bench_groups(const char *model)
     CHECK_EQ_INT(run("bench --quick --json -q --group keep=*:home=host '%s'", model), 0);
     uint64_t kept = bench_later_bytes();
     CHECK_EQ_INT(kept, 0);
-    /* the mixed placement runs too */
+    /* the mixed placement runs too, and streams: its two later passes (--quick runs three) read
+     * something, and no more than the whole file each; how much less moves with the timing of
+     * the prefetches by more than the head kept at home weighs, so it is not compared with the
+     * plain run */
     CHECK_EQ_INT(run("bench --quick --json -q --group embd=token_embd.*:lazy=on "
                      "--group head=output*:home=host '%s'", model), 0);
     uint64_t mixed = bench_later_bytes();
-    CHECK(mixed != UINT64_MAX && mixed < plain + 1);
+    struct stat st;
+    CHECK_EQ_INT(stat(model, &st), 0);
+    CHECK(mixed != UINT64_MAX && mixed > 0 && mixed <= 2 * (uint64_t)st.st_size);
 }
 
 static void test_plan_budget(const char *big)
