@@ -328,6 +328,19 @@ done:
 
 /* ---- replay ------------------------------------------------------------------------------------ */
 
+/* Pins the units of trace entries [A, B) (one step: they must all be held at once) and returns
+ * their bytes. */
+static uint64_t pin_step(const moelab_trace *t, size_t a, size_t b, const uint64_t *bytes,
+                         unsigned char *pin)
+{
+    uint64_t need = 0;
+    for (size_t i = a; i < b; i++) {
+        pin[t->ids[i]] = 1;
+        need += bytes[t->ids[i]];
+    }
+    return need;
+}
+
 static void finish(const moelab_trace *t, moelab_result *r)
 {
     r->hit_rate = r->uses ? (double)r->hits / (double)r->uses : 0;
@@ -356,12 +369,7 @@ int moelab_belady(const moelab_trace *t, const uint64_t *bytes, uint64_t cap, mo
     uint64_t used = 0;
     for (size_t s = 0; s < t->n_steps; s++) {
         size_t a = t->step_start[s], b = t->step_start[s + 1];
-        uint64_t need = 0;
-        for (size_t i = a; i < b; i++) {
-            pin[t->ids[i]] = 1;
-            need += bytes[t->ids[i]];
-        }
-        if (need > cap)
+        if (pin_step(t, a, b, bytes, pin) > cap)
             goto out;
         for (size_t i = a; i < b; i++) {
             uint32_t id = t->ids[i];
@@ -464,12 +472,7 @@ int moelab_online_bound(const moelab_trace *t, const uint64_t *bytes, uint64_t c
     for (size_t s = 0; s < t->n_steps; s++) {
         size_t a = t->step_start[s], b = t->step_start[s + 1];
         uint32_t layer = t->ids[a] / t->experts;
-        uint64_t need = 0;
-        for (size_t i = a; i < b; i++) {
-            pin[t->ids[i]] = 1;
-            need += bytes[t->ids[i]];
-        }
-        if (need > cap)
+        if (pin_step(t, a, b, bytes, pin) > cap)
             goto out;
         for (size_t i = a; i < b; i++) {
             uint32_t id = t->ids[i];
