@@ -53,6 +53,8 @@ K512 static KINL float reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
             __m512 x2 = _mm512_loadu_ps(x + i + 32), x3 = _mm512_loadu_ps(x + i + 48);            \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
                 const uint8_t *p = w + r * rb + (ES) * i;                                          \
+                _Pragma("GCC unroll 4") for (int l = 0; l < (ES); l++)                             \
+                    _mm_prefetch((const char *)(p + 4 * rb + 64 * l), _MM_HINT_T1);                \
                 a[r][0] = _mm512_fmadd_ps(W16(p), x0, a[r][0]);                                    \
                 a[r][1] = _mm512_fmadd_ps(W16(p + 16 * (ES)), x1, a[r][1]);                        \
                 a[r][2] = _mm512_fmadd_ps(W16(p + 32 * (ES)), x2, a[r][2]);                        \
@@ -133,6 +135,8 @@ K512 static KINL void block_scales(const uint8_t *p, uint64_t bs, uint64_t nb, f
                 __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);               \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                              \
                     const uint8_t *p = w + r * rb + (BS) * (c + b);                                \
+                    _mm_prefetch((const char *)(p + 4 * rb), _MM_HINT_T1);                         \
+                    _mm_prefetch((const char *)(p + 4 * rb + 2 * (BS) - 1), _MM_HINT_T1);          \
                     BLOCK(p, x0, x1, sc[r][b], a[r][0]);                                           \
                     BLOCK(p + (BS), x2, x3, sc[r][b + 1], a[r][1]);                                \
                 }                                                                                  \

@@ -441,7 +441,7 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + r * rb + 34 * b + 512), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 34 * b), _MM_HINT_T2);
             __m256i a = _mm256_loadu_si256((const __m256i *)(w + r * rb + 34 * b + 2));
             s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a),
                                        _mm256_sign_epi8(x, a));
@@ -465,7 +465,7 @@ VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
         __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), one, x);
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + r * rb + 18 * b + 512), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 18 * b), _MM_HINT_T1);
             __m128i q = _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2));
             __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
             s[r] = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, x),
@@ -488,7 +488,9 @@ VD_VNNI static void q4_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
         __m128i pairs = q8k_pairs(xq);
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + r * rb + 144 * b + 576), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 144 * b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 144 * b + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 144 * b + 128), _MM_HINT_T1);
             s[r] = q4_k_lanes(w + r * rb + 144 * b, xq, pairs, &mins[r]);
         }
         /* d and dmin, the first four bytes of each row's block */
@@ -511,7 +513,10 @@ VD_VNNI static void q6_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
         __m256i s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + r * rb + 210 * b + 840), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 210 * b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 210 * b + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 210 * b + 128), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 210 * b + 192), _MM_HINT_T1);
             s[r] = q6_k_lanes(w + r * rb + 210 * b, xq);
         }
         /* d, the last two bytes of each row's block (read as the high half of bytes 206..209) */
