@@ -59,8 +59,9 @@ static uint64_t documented_default(uint64_t give)
 static void write_file(const char *dir, const char *name, const char *text)
 {
     char p[1400];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *fp = fopen(p, "w");
+    int n = snprintf(p, sizeof p, "%s/%s", dir, name);
+    CHECK(n > 0 && (size_t)n < sizeof p);
+    FILE *fp = n > 0 && (size_t)n < sizeof p ? fopen(p, "w") : NULL;
     CHECK(fp != NULL);
     if (fp) {
         fputs(text, fp);
