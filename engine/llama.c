@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f16.h"
 #include "llama.h"
 #include "pool.h"
 
@@ -60,7 +61,7 @@ struct llama {
     int lora_runtime;          /* apply adapter factors here (ferry merges them otherwise) */
     int lookahead;             /* prefetch the next layer's predicted experts (a guess) */
     float lookahead_min;       /* ... those of router probability at least this */
-    int f16_arith;             /* attention's f16 steps rounded as in f16 arithmetic */
+    int f16_arith;             /* F16_ARITH_*: how attention's f16 steps round (f16.h) */
 
     /* weights */
     ferry_tensor *token_embd;  /* (vocab, dim), lazy: only the rows of tokens seen are read */
@@ -355,26 +356,6 @@ static void *alloc_floats(uint64_t n, int *failed)
     return p;
 }
 
-static int cpu_has_avx512fp16(void)
-{
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-    if (a < 7)
-        return 0;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    return (d >> 23) & 1;
-#else
-    return 0;
-#endif
-}
-
-static int f16_arith_wanted(void)
-{
-    const char *e = getenv("FERRY_F16_ARITH");
-    return e && (*e == '0' || *e == '1') ? *e == '1' : cpu_has_avx512fp16();
-}
-
 int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -384,7 +365,7 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
         return FERRY_ENOMEM;
     }
     m->f = f;
-    m->f16_arith = f16_arith_wanted();
+    m->f16_arith = f16_arith_mode();
     int rc = llama_read_config(f, &m->c, err, errlen);
     if (rc) {
         free(m);
@@ -615,176 +596,6 @@ static int matvec(llama *m, ferry_tensor *w, const float *x, float *y, char *err
     return rc ? rc : matvec_run(m, &j, &w, err, errlen);
 }
 
-/* ---- half precision, for the KV cache and attention ------------------------------------------ */
-
-/* f32 -> f16 bits, round to nearest even; beyond the range gives Inf, NaN stays NaN. */
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u)
-        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
-    if (a >= 0x47800000u)
-        return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) { /* a subnormal half: 0.5 + |f| puts the last place at 2^-24 */
-        float r = fabsf(f) + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, sizeof rb);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    a += 0xfffu + ((a >> 13) & 1u);
-    return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu, u;
-    float f;
-    if (em >= 0x7c00u) {
-        u = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
-    } else if (em >= 0x400u) {
-        u = sign | ((em << 13) + ((127u - 15u) << 23));
-    } else {
-        f = (float)em * 0x1p-24f;
-        memcpy(&u, &f, sizeof u);
-        u |= sign;
-    }
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
-
-/* llama.cpp's native x86 builds on CPUs with AVX512-FP16 do attention's f16 arithmetic in f16
- * (32 lanes, every fused multiply-add and add rounded to f16) for the 128-element steps of a head,
- * in f32 / f64 otherwise. llama.f16_arith says which of the two a model mimics (cpuid;
- * FERRY_F16_ARITH = 0 or 1 overrides). */
-/* D rounded once to the nearest f16 (ties to even), as a float; beyond the range gives Inf.
- * Integer arithmetic on D's bits: the mantissa's bits below the f16 quantum are dropped with
- * round-half-even. */
-static float f16_round(double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    uint64_t a = u & ~(UINT64_C(1) << 63);
-    if (a == 0 || a >= UINT64_C(0x7ff0000000000000))
-        return (float)d;
-    int e = (int)(a >> 52) - 1023; /* |d| in [2^e, 2^(e+1)) */
-    if (e < -25)                   /* below half the smallest subnormal */
-        return (float)(d * 0.0);
-    if (e > 15)
-        return (float)copysign(INFINITY, d);
-    int q = e < -14 ? -24 : e - 10; /* the f16 quantum at that magnitude: 2^q */
-    int shift = 52 - (e - q);       /* 42 for normal halves, up to 53 */
-    uint64_t m = (a & ((UINT64_C(1) << 52) - 1)) | (UINT64_C(1) << 52);
-    uint64_t k = m >> shift, rem = m & ((UINT64_C(1) << shift) - 1), half = UINT64_C(1) << (shift - 1);
-    if (rem > half || (rem == half && (k & 1)))
-        k++;
-    uint64_t pb = (uint64_t)(q + 1023) << 52; /* 2^q */
-    double p2;
-    memcpy(&p2, &pb, sizeof p2);
-    double r = (double)k * p2;
-    if (r >= 65520.0)
-        return (float)copysign(INFINITY, d);
-    return (float)copysign(r, d);
-}
-
-/* f16 operations on f16 values, the exact result rounded once. The product of two f16 values is
- * exact in f32, and a sum of two f16 values rounded to f32 and then to f16 rounds as the exact
- * sum would (f32 has 2 x 11 + 2 bits). A fused multiply-add rounded to f32 first rounds as the
- * exact value would unless the f32 result lies exactly halfway between two f16 values: then the
- * exact value, formed in f64, is rounded once. */
-static float fma_h(float a, float b, float c)
-{
-    float r = fmaf(a, b, c);
-    uint32_t u;
-    memcpy(&u, &r, sizeof u);
-    uint32_t ex = (u >> 23) & 0xffu;
-    /* the bits of r's significand below the f16 quantum: 13 for normal halves, more below */
-    int n = ex >= 113 ? 13 : 126 - (int)ex;
-    uint32_t sig = (u & 0x7fffffu) | (ex ? 0x800000u : 0u);
-    if (ex != 0xffu && n <= 24 && (sig & ((1u << n) - 1u)) == 1u << (n - 1))
-        return f16_round((double)a * b + c);
-    return round_f16(r);
-}
-static float add_h(float a, float b) { return round_f16(a + b); }
-
-/* q . k for f16 K as ggml's f16 dot product in llama.cpp's AVX-512 builds. With f16 arithmetic:
- * four 32-lane f16 accumulators over steps of 128 elements, combined pairwise and across lanes
- * in f16 as _mm512_reduce_add_ph does, the rest added in f64. Without: four 16-lane f32 fma
- * accumulators over steps of 64, combined as _mm512_reduce_add_ps does, the rest in f64.
- * Attention is where a last bit decides later roundings (the f16 sum, then q8 vectors), so the
- * order matters for matching. */
-static float dot_qk(int f16_arith, const float *q, const uint16_t *k, uint32_t n)
-{
-    double sum = 0.0;
-    uint32_t np;
-    if (f16_arith) {
-        float lane[4][32] = {{0}};
-        np = n & ~127u;
-        for (uint32_t i = 0; i < np; i += 128)
-            for (int j = 0; j < 4; j++)
-                for (int l = 0; l < 32; l++)
-                    lane[j][l] = fma_h(f16_to_f32(k[i + 32 * j + l]), q[i + 32 * j + l], lane[j][l]);
-        if (np) {
-            float x[32], t[16];
-            for (int l = 0; l < 32; l++)
-                x[l] = add_h(add_h(lane[0][l], lane[2][l]), add_h(lane[1][l], lane[3][l]));
-            for (int l = 0; l < 16; l++)
-                t[l] = add_h(x[l], x[l + 16]);
-            for (int l = 0; l < 8; l++)
-                t[l] = add_h(t[l], t[l + 8]);
-            for (int l = 0; l < 4; l++)
-                t[l] = add_h(t[l], t[l + 4]);
-            sum = add_h(add_h(t[0], t[2]), add_h(t[1], t[3]));
-        }
-    } else {
-        float lane[4][16] = {{0}};
-        np = n & ~63u;
-        for (uint32_t i = 0; i < np; i += 64)
-            for (int j = 0; j < 4; j++)
-                for (int l = 0; l < 16; l++)
-                    lane[j][l] = fmaf(f16_to_f32(k[i + 16 * j + l]), q[i + 16 * j + l], lane[j][l]);
-        float x[16], t[8];
-        for (int l = 0; l < 16; l++)
-            x[l] = (lane[0][l] + lane[2][l]) + (lane[1][l] + lane[3][l]);
-        for (int l = 0; l < 8; l++)
-            t[l] = x[l] + x[l + 8];
-        for (int l = 0; l < 4; l++)
-            t[l] = t[l] + t[l + 4];
-        sum = (t[0] + t[2]) + (t[1] + t[3]);
-    }
-    for (uint32_t i = np; i < n; i++)
-        sum += (double)(f16_to_f32(k[i]) * q[i]);
-    return (float)sum;
-}
-
-/* out = f16(out * s) and out = f16(out + v * s) over a head's N elements, V f16: as ggml's
- * ggml_vec_scale_f16 / ggml_vec_mad_f16, whose 128-element steps, with f16 arithmetic, take S
- * rounded to f16 and round the product once; the rest is computed in f32 (a fused multiply-add
- * for mad). */
-static void scale_h(int f16_arith, float *out, float s, uint32_t n)
-{
-    uint32_t np = f16_arith ? n & ~127u : 0;
-    float sh = round_f16(s);
-    for (uint32_t i = 0; i < np; i++)
-        out[i] = round_f16(out[i] * sh); /* exact in f32 */
-    for (uint32_t i = np; i < n; i++)
-        out[i] = round_f16(out[i] * s);
-}
-
-static void mad_h(int f16_arith, float *out, const uint16_t *v, float s, uint32_t n)
-{
-    uint32_t np = f16_arith ? n & ~127u : 0;
-    float sh = round_f16(s);
-    for (uint32_t i = 0; i < np; i++)
-        out[i] = fma_h(f16_to_f32(v[i]), sh, out[i]);
-    for (uint32_t i = np; i < n; i++)
-        out[i] = round_f16(fmaf(f16_to_f32(v[i]), s, out[i]));
-}
-
 /* e^x as ggml's vector code computes it in llama.cpp's x86 builds (the polynomial of ARM's
  * optimized-routines expf: x = n ln2 + b, e^b by a degree-5 polynomial, scaled by 2^n), each
  * step one rounding (fmaf), so that silu rounds as llama.cpp's does; within 2 ulp of expf. */
@@ -916,16 +727,16 @@ static void attention_work(void *arg, int ith, int nth)
         for (uint32_t t = 0; t < n; t++) {
             const uint16_t *k = kc + (uint64_t)t * c->kv_dim + kv_off;
             const uint16_t *v = vc + (uint64_t)t * c->kv_dim + kv_off;
-            float s = dot_qk(m->f16_arith, q, k, hd) * scale;
+            float s = attn_dot(m->f16_arith, q, k, hd) * scale;
             float ms = 1.0f, vs = 1.0f;
             if (s > max) { /* a new maximum: what was summed shrinks by exp(old - new) */
                 ms = expf(max - s);
                 max = s;
-                scale_h(m->f16_arith, out, ms, hd);
+                attn_scale(m->f16_arith, out, ms, hd);
             } else {
                 vs = expf(s - max);
             }
-            mad_h(m->f16_arith, out, v, vs, hd);
+            attn_mad(m->f16_arith, out, v, vs, hd);
             sum = fmaf(sum, ms, vs);
         }
         float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
