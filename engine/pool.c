@@ -1,24 +1,42 @@
 /*
- * pool.c — the engine's compute threads (pool.h). A job is published under the mutex with a new
- * generation number; workers wake on the condition variable, run their share, and the last one to
- * finish wakes the caller. Blocking waits rather than spinning: the engine shares the cores with
- * ferry's I/O threads, whose reads it is waiting for.
+ * pool.c — the engine's compute threads (pool.h). A job is published with a new generation
+ * number; the workers run their share, and the last one to finish tells the caller. A decode
+ * step runs jobs back to back, so a thread waiting for the next job or for the others first
+ * polls for a short while (POOL_SPIN polls) and only then blocks on a condition variable: a
+ * wake-up through the kernel costs more than most jobs' imbalance, but the engine also shares the
+ * cores with ferry's I/O threads, whose reads it may be waiting for, so it never spins for long.
+ *
+ * Blocking without a lost wake-up: a waiter counts itself in (sleepers) under the mutex and then
+ * checks the condition again before it waits; a publisher changes the condition and then looks
+ * at sleepers, both sequentially consistent, and takes the mutex to wake them when there are any.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "pool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+enum { POOL_SPIN = 20000 }; /* polls before blocking: tens of microseconds */
 
 struct pool {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     pthread_t *threads;
-    int n;            /* threads counting the caller */
-    int started;      /* workers started */
-    unsigned gen;     /* bumped by every job; guarded by mu */
-    int pending;      /* workers still running the current job; guarded by mu */
-    int quit;         /* guarded by mu */
-    pool_fn fn;
+    int n;                    /* threads counting the caller */
+    int started;              /* workers started */
+    atomic_uint gen;          /* bumped by every job */
+    atomic_int pending;       /* workers still running the current job */
+    atomic_int quit;
+    atomic_int sleepers;      /* workers blocked on go */
+    atomic_int caller_asleep; /* the caller blocked on done */
+    pool_fn fn;               /* the job: written before gen is bumped */
     void *arg;
 };
 
@@ -27,6 +45,22 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
+/* Waits until the generation differs from SEEN or quit is set. */
+static void wait_job(pool *p, unsigned seen)
+{
+    for (int i = 0; i < POOL_SPIN; i++) {
+        if (atomic_load(&p->gen) != seen || atomic_load(&p->quit))
+            return;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit))
+        pthread_cond_wait(&p->go, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void *worker(void *v)
 {
     worker_arg *wa = v;
@@ -34,22 +68,18 @@ static void *worker(void *v)
     int ith = wa->ith;
     free(wa);
     unsigned seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->quit && p->gen == seen)
-            pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit)
+        wait_job(p, seen);
+        if (atomic_load(&p->quit))
             break;
-        seen = p->gen;
-        pool_fn fn = p->fn;
-        void *arg = p->arg;
-        pthread_mutex_unlock(&p->mu);
-        fn(arg, ith, p->n);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
+        seen = atomic_load(&p->gen);
+        p->fn(p->arg, ith, p->n);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep)) {
+            pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -69,6 +99,11 @@ pool *pool_create(int n_threads)
     }
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->quit, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_asleep, 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (!wa)
@@ -88,12 +123,22 @@ pool *pool_create(int n_threads)
     return p;
 }
 
+/* Wakes the workers blocked on go, if any (after gen or quit changed). */
+static void wake_workers(pool *p)
+{
+    if (atomic_load(&p->sleepers)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->go);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
 void pool_destroy(pool *p)
 {
     if (!p)
         return;
+    atomic_store(&p->quit, 1);
     pthread_mutex_lock(&p->mu);
-    p->quit = 1;
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i <= p->started; i++)
@@ -113,16 +158,21 @@ void pool_run(pool *p, pool_fn fn, void *arg)
         fn(arg, 0, 1);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
-    p->pending = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->pending, p->n - 1);
+    atomic_fetch_add(&p->gen, 1); /* publishes fn, arg and pending */
+    wake_workers(p);
     fn(arg, 0, p->n);
+    for (int i = 0; i < POOL_SPIN; i++) {
+        if (atomic_load(&p->pending) == 0)
+            return;
+        cpu_relax();
+    }
     pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
+    atomic_store(&p->caller_asleep, 1);
+    while (atomic_load(&p->pending) > 0)
         pthread_cond_wait(&p->done, &p->mu);
+    atomic_store(&p->caller_asleep, 0);
     pthread_mutex_unlock(&p->mu);
 }
