@@ -18,15 +18,33 @@
 #define MAX_PROMPT 65536
 
 /* The token embedding gets a group of its own ahead of "all": lazy whatever the placement, its
- * rows read with ferry_read_rows. */
+ * rows read with ferry_read_rows; in the resident placement (*ARG nonzero) through the page cache
+ * (load auto), a row at a time. */
 static int embedding_group(ferry *f, const ferry_policy *policy, void *arg)
 {
-    (void)arg;
     ferry_policy p = *policy;
     p.lazy = FERRY_LAZY_ON;
+    if (*(const int *)arg)
+        p.load = FERRY_LOAD_AUTO;
     if (ferry_group_add(f, "embedding", "token_embd.weight", &p))
         return cli_error("%s", ferry_errmsg(f));
     return 0;
+}
+
+/* The resident placement (home host, the cpu, no --load or --group given): decode reads every
+ * weight once per token, and reads private copies in huge pages faster than the page cache's
+ * mapping of the file (bench/README.md), so the weights are read once, up front, with O_DIRECT
+ * into ferry's huge-page host copies, as llama.cpp copies them into buffers of its own. Skipped,
+ * the weights then coming as each layer is prepared, when the home copies would not fit the host
+ * budget (ferry_plan_check). Returns 0 or CLI_EXIT_FAIL after saying why. */
+static int load_resident(ferry *f)
+{
+    if (ferry_plan_check(f) != 0)
+        return 0;
+    int rc = ferry_load_group(f, "all");
+    if (rc == FERRY_EBUDGET)
+        return 0; /* what loaded stays; the rest comes when prepared */
+    return rc ? cli_error("%s", ferry_errmsg(f)) : 0;
 }
 
 static long parse_tokens(const char *s, uint32_t *out, size_t max)
@@ -172,8 +190,12 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         }
     }
 
+    int resident = !rp->load && rp->n_groups == 0 && rp->policy.home == FERRY_HOME_HOST;
+    if (resident)
+        rp->policy.load = FERRY_LOAD_DIRECT;
     double t_start = cli_now();
     rp->own_groups = embedding_group;
+    rp->groups_arg = &resident;
     ferry *f;
     if (runopts_open(rp, argv + 1, npos, &f)) {
         free(prompt_ids);
@@ -220,6 +242,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_fail(argv[1], err, -1);
         goto out;
     }
+    if (resident && (rc = load_resident(f)))
+        goto out;
     if (rp->lora_mode && strcmp(rp->lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
     if (lookahead_s && strcmp(lookahead_s, "on") != 0 && strcmp(lookahead_s, "off") != 0) {
