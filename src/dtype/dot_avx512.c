@@ -54,7 +54,7 @@ K512 static KINL float reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
                 const uint8_t *p = w + r * rb + (ES) * i;                                          \
                 _Pragma("GCC unroll 4") for (int l = 0; l < (ES); l++)                             \
-                    _mm_prefetch((const char *)(p + 4 * rb + 64 * l), _MM_HINT_T1);                \
+                    _mm_prefetch((const char *)(p + 4 * rb + 64 * l), _MM_HINT_T0);                \
                 a[r][0] = _mm512_fmadd_ps(W16(p), x0, a[r][0]);                                    \
                 a[r][1] = _mm512_fmadd_ps(W16(p + 16 * (ES)), x1, a[r][1]);                        \
                 a[r][2] = _mm512_fmadd_ps(W16(p + 32 * (ES)), x2, a[r][2]);                        \
