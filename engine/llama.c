@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -486,21 +487,46 @@ typedef struct matvec_op {
     float *y;          /* (rows) */
 } matvec_op;
 
+/* A job's rows go in chunks of about MATVEC_CHUNK_BYTES of weights (a multiple of 8 rows, the
+ * eight-row kernels' step). Each thread first takes the chunks of its own contiguous share in
+ * order, then helps finish the others' shares: a thread the host slows down holds up no fixed
+ * part of the job, and a quiet machine sees each thread stream one range. A row's value is the
+ * same in any chunk. */
+#define MATVEC_CHUNK_BYTES (UINT64_C(256) << 10)
+#define MATVEC_MAX_SHARES 64
+
 typedef struct matvec_job {
     matvec_op op[3];   /* products that share the same input run in one job */
     int n;
+    /* set by matvec_run: op k's chunks of chunk_rows[k] rows; share i of n_shares is chunks
+     * [end[k][i - 1] (0 for i = 0), end[k][i]), next[k][i] the next of them to take */
+    uint64_t chunk_rows[3];
+    int n_shares;
+    uint64_t end[3][MATVEC_MAX_SHARES];
+    atomic_uint_fast64_t next[3][MATVEC_MAX_SHARES];
 } matvec_job;
+
+/* Runs the chunks of share I of op K not yet taken. */
+static void matvec_share(matvec_job *j, int k, int i)
+{
+    const matvec_op *o = &j->op[k];
+    for (uint64_t c; (c = atomic_fetch_add(&j->next[k][i], 1)) < j->end[k][i];) {
+        uint64_t r0 = c * j->chunk_rows[k];
+        uint64_t r1 = r0 + j->chunk_rows[k] < o->rows ? r0 + j->chunk_rows[k] : o->rows;
+        /* types and shapes checked by matvec_add before the job started */
+        (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->xq, o->y + r0);
+    }
+}
 
 static void matvec_work(void *arg, int ith, int nth)
 {
+    (void)nth;
     matvec_job *j = arg;
     for (int k = 0; k < j->n; k++) {
-        const matvec_op *o = &j->op[k];
-        uint64_t r0 = o->rows * (uint64_t)ith / (uint64_t)nth;
-        uint64_t r1 = o->rows * (uint64_t)(ith + 1) / (uint64_t)nth;
-        if (r1 > r0) /* checked by matvec_add before the job started */
-            (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->xq,
-                                 o->y + r0);
+        if (ith < j->n_shares)
+            matvec_share(j, k, ith);
+        for (int i = 1; i < j->n_shares; i++)
+            matvec_share(j, k, (ith + i) % j->n_shares);
     }
 }
 
@@ -579,6 +605,20 @@ static int lora_apply(llama *m, ferry_tensor *w, const float *x, float *y, char 
 /* Runs the job, then the runtime adapter terms of its weights. */
 static int matvec_run(llama *m, matvec_job *j, ferry_tensor *const *ws, char *err, size_t errlen)
 {
+    int nth = pool_size(m->pool);
+    j->n_shares = nth < MATVEC_MAX_SHARES ? nth : MATVEC_MAX_SHARES;
+    for (int k = 0; k < j->n; k++) {
+        const matvec_op *o = &j->op[k];
+        uint64_t per = 8;
+        if (o->row_bytes < MATVEC_CHUNK_BYTES / 8)
+            per = MATVEC_CHUNK_BYTES / o->row_bytes / 8 * 8;
+        uint64_t chunks = (o->rows + per - 1) / per;
+        j->chunk_rows[k] = per;
+        for (int i = 0; i < j->n_shares; i++) {
+            j->end[k][i] = chunks * (uint64_t)(i + 1) / (uint64_t)j->n_shares;
+            atomic_init(&j->next[k][i], chunks * (uint64_t)i / (uint64_t)j->n_shares);
+        }
+    }
     pool_run(m->pool, matvec_work, j);
     for (int k = 0; k < j->n; k++) {
         int rc = lora_apply(m, ws[k], j->op[k].x, j->op[k].y, err, errlen);
