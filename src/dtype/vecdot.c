@@ -456,23 +456,26 @@ VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
                                float *y)
 {
     const __m256i rows = row_offsets(rb);
-    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i m4 = _mm256_set1_epi8(15), nib = _mm256_setr_epi64x(0, 0, 4, 4);
     const __m256i one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
-        /* (q - 8) . x = q . x - 8 * sum(x), q the unsigned nibbles */
-        __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), one, x);
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
             _mm_prefetch((const char *)(w + (8 + r) * rb + 18 * b), _MM_HINT_T1);
-            __m128i q = _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2));
-            __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-            s[r] = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, x),
-                                    _mm256_slli_epi32(sx, 3));
+            /* the 16 bytes in both halves: the low nibbles (elements 0..15) below, the high
+             * (16..31) above */
+            __m256i q = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2)));
+            s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                       _mm256_and_si256(_mm256_srlv_epi64(q, nib), m4), x);
         }
+        /* (q - 8) . x = q . x - 8 * sum(x), q the unsigned nibbles: exact int32 either way */
+        __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), one, x);
+        __m256i sx8 = _mm256_set1_epi32(8 * hsum_i32(sx));
         __m256 d = _mm256_mul_ps(scales8(w, rows, 18 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(s)), d, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum8x8(s), sx8)), d, acc);
     }
     _mm256_storeu_ps(y, acc);
 }
