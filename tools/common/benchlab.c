@@ -17,8 +17,9 @@
  *   limit  memcpy (file in the page cache from here on)
  *   limit  read bandwidth of resident memory (a buffer beyond the last-level cache; best of 1 ..
  *          online CPUs threads)
- *   ferry  warm load, load READ (a private copy); then one decode pass over the resident weights,
- *          rows split over --threads threads: the resident compute limit
+ *   ferry  warm load, load READ (a private copy); then one decode pass over the resident weights
+ *          (ferry_matvec_q, as an engine decodes), rows split over --threads threads: the
+ *          resident compute limit
  *   ferry  warm load, load AUTO (zero-copy: no copy, only the time to make it resident)
  * A load is "ready" when ferry_prepare of every tensor has returned and one byte of every page of
  * every data pointer has been read; cold loads start with the files dropped from the page cache.
@@ -218,7 +219,36 @@ typedef struct compute_unit {
     ferry_dtype t;
     const void *w;   /* the weight's first row */
     uint64_t rows, cols, row_bytes, r0, r1;
+    const void *xq;  /* x prepared for the weight's type (ferry_matvec_vec_quantize) */
 } compute_unit;
+
+/* x prepared once for weights of type T and COLS columns. */
+typedef struct compute_vec {
+    ferry_dtype t;
+    uint64_t cols;
+    void *xq;
+} compute_vec;
+
+/* B->x prepared for type T and COLS columns (made on first use), or NULL when ferry_matvec_q
+ * cannot take that type or shape, or memory is exhausted. */
+static const void *compute_vec_for(benchlab *b, ferry_dtype t, uint64_t cols)
+{
+    for (size_t i = 0; i < b->n_vecs; i++)
+        if (b->vecs[i].t == t && b->vecs[i].cols == cols)
+            return b->vecs[i].xq;
+    uint64_t n = ferry_matvec_vec_bytes(t, cols);
+    compute_vec *v = n ? realloc(b->vecs, (b->n_vecs + 1) * sizeof *v) : NULL;
+    if (!v)
+        return NULL;
+    b->vecs = v;
+    void *xq = malloc((size_t)n);
+    if (!xq || ferry_matvec_vec_quantize(t, b->x, cols, xq)) {
+        free(xq);
+        return NULL;
+    }
+    b->vecs[b->n_vecs++] = (compute_vec){t, cols, xq};
+    return xq;
+}
 
 /* The pieces of a pass, taken in turn by its threads (a thread the host deschedules holds up no
  * share of its own), each into its own Y. */
@@ -241,8 +271,8 @@ static void *compute_main(void *arg)
     compute_pass *p = c->pass;
     for (size_t k; (k = atomic_fetch_add(&p->next, 1)) < p->n;) {
         const compute_unit *o = &p->u[k];
-        if (ferry_matvec(o->t, (const unsigned char *)o->w + o->r0 * o->row_bytes, o->r1 - o->r0,
-                         o->cols, p->x, c->y) == 0)
+        if (ferry_matvec_q(o->t, (const unsigned char *)o->w + o->r0 * o->row_bytes,
+                           o->r1 - o->r0, o->cols, o->xq, c->y) == 0)
             c->checksum += (o->r0 == 0 ? c->y[0] : 0.0f) +
                            (o->r1 == o->rows ? c->y[o->r1 - o->r0 - 1] : 0.0f);
     }
@@ -253,8 +283,9 @@ static void *compute_main(void *arg)
 #define COMPUTE_PIECE_BYTES (UINT64_C(256) << 10)
 
 /* One decode pass over the tensors of SETS (already prepared on the cpu): y = W.x for every
- * weight of two or more dimensions whose type ferry_matvec reads, in pieces of rows shared by
- * b->threads threads (fewer when a thread cannot start). */
+ * weight of two or more dimensions whose type ferry_matvec_q reads, x prepared once for each
+ * type as an engine decoding with it prepares it (q8_0 / q8_K blocks, f16 / bf16 rounding), in
+ * pieces of rows shared by b->threads threads (fewer when a thread cannot start). */
 static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
 {
     size_t n_units = 0, k = 0;
@@ -265,15 +296,17 @@ static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
                 ferry_tensor_get_info(sets[s].t[i], &info);
                 ferry_dtype t = ferry_tensor_dtype(sets[s].t[i]);
                 uint64_t rb;
+                const void *xq = NULL;
                 if (info.ndim < 2 || !info.n_rows || !info.row_elems ||
-                    ferry_dtype_nbytes(t, info.row_elems, &rb))
-                    continue; /* a vector, or an empty weight: no product to take */
+                    ferry_dtype_nbytes(t, info.row_elems, &rb) ||
+                    !(xq = compute_vec_for(b, t, info.row_elems)))
+                    continue; /* a vector, an empty weight or an unreadable type: no product */
                 uint64_t step = rb >= COMPUTE_PIECE_BYTES ? 1 : COMPUTE_PIECE_BYTES / rb;
                 for (uint64_t r = 0; r < info.n_rows; r += step, k++)
                     if (!count)
                         b->units[k] = (compute_unit){
                             t, ferry_tensor_data(sets[s].t[i]), info.n_rows, info.row_elems, rb, r,
-                            info.n_rows - r < step ? info.n_rows : r + step};
+                            info.n_rows - r < step ? info.n_rows : r + step, xq};
             }
         if (count) {
             n_units = k;
@@ -877,6 +910,9 @@ void benchlab_close(benchlab *b)
     free(b->x);
     free(b->y);
     free(b->units);
+    for (size_t i = 0; i < b->n_vecs; i++)
+        free(b->vecs[i].xq);
+    free(b->vecs);
     runopts_free(&b->groups);
 }
 

@@ -145,6 +145,8 @@ typedef struct benchlab {
     float *x, *y;
     struct compute_unit *units; /* the pieces of a compute pass, reused */
     size_t units_cap;
+    struct compute_vec *vecs;   /* x prepared for each (type, cols) the pass meets */
+    size_t n_vecs;
     double checksum;
     uint64_t page;
     cli_progress bar;
