@@ -70,12 +70,10 @@ static const char *const lib_names[] = {"libcudart.so",    "libcudart.so.13", "l
 
 static int load_sym(void *lib, const char *path, const char *name, void *fp, size_t size)
 {
-    void *sym = dlsym(lib, name);
-    if (!sym) {
+    if (ferry__dlsym_fn(lib, name, fp, size)) {
         snprintf(rt_why, sizeof rt_why, "%s lacks %s", path, name);
         return -1;
     }
-    memcpy(fp, &sym, size); /* object -> function pointer, as POSIX dlsym intends */
     return 0;
 }
 
@@ -95,8 +93,8 @@ static void rt_load(void)
         }
         path = env;
     }
-    for (size_t i = 0; !lib && i < FERRY__ARRAY_LEN(lib_names); i++)
-        lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        lib = ferry__dlopen_first(lib_names, FERRY__ARRAY_LEN(lib_names), NULL);
     if (!lib) {
         snprintf(rt_why, sizeof rt_why,
                  "libcudart.so not found (tried libcudart.so, .so.13, .so.12, .so.11; set "
@@ -125,10 +123,7 @@ static void rt_load(void)
     LOAD(GetErrorString)
     LOAD(GetLastError)
 #undef LOAD
-    {
-        void *sym = dlsym(lib, "cudaStreamWaitEvent");
-        memcpy(&rt.StreamWaitEvent, &sym, sizeof rt.StreamWaitEvent);
-    }
+    ferry__dlsym_fn(lib, "cudaStreamWaitEvent", &rt.StreamWaitEvent, sizeof rt.StreamWaitEvent);
     rt_ok = 1;
 }
 

@@ -1,9 +1,10 @@
 /*
- * util.c — error buffers, strings, the hash map, sizes, glob and the clock (see util.h).
+ * util.c — error buffers, strings, the hash map, sizes, glob, the clock and dlopen (see util.h).
  */
 #include "util.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,6 +359,28 @@ double ferry__now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *ferry__dlopen_first(const char *const *names, size_t n, const char **which)
+{
+    for (size_t i = 0; i < n; i++) {
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) {
+            if (which)
+                *which = names[i];
+            return lib;
+        }
+    }
+    return NULL;
+}
+
+int ferry__dlsym_fn(void *lib, const char *name, void *fp, size_t size)
+{
+    void *sym = dlsym(lib, name);
+    if (!sym)
+        return -1;
+    memcpy(fp, &sym, size); /* object -> function pointer, as POSIX dlsym intends */
+    return 0;
 }
 
 int ferry_parse_size(const char *s, uint64_t *out) { return ferry__parse_size(s, out); }

@@ -1,6 +1,7 @@
 /*
  * util.h — small pieces every module uses: the per-handle error buffer, checked arithmetic,
- * a string hash map, size parsing and printing, glob matching, a monotonic clock.
+ * a string hash map, size parsing and printing, glob matching, a monotonic clock, loading optional
+ * libraries at run time.
  * Internal: symbols are ferry__*, never part of the public interface.
  */
 #ifndef FERRY_UTIL_H
@@ -93,6 +94,13 @@ int ferry__glob(const char *pattern, const char *s);
 
 /* Monotonic clock in seconds. */
 double ferry__now(void);
+
+/* dlopen (RTLD_NOW | RTLD_LOCAL) of the first of the N library NAMES that loads: its handle, and
+ * its name in *WHICH (may be NULL); NULL when none loads. Loaded libraries are never closed. */
+void *ferry__dlopen_first(const char *const *names, size_t n, const char **which);
+/* Stores the address of symbol NAME of the dlopen'd LIB into the function pointer at FP (SIZE,
+ * the pointer's sizeof): 0, or -1 when LIB lacks NAME (*FP untouched). */
+int ferry__dlsym_fn(void *lib, const char *name, void *fp, size_t size);
 
 /* Little-endian loads from unaligned memory. */
 static inline uint16_t ferry__le16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
