@@ -101,7 +101,7 @@ if [ -n "$pc" ]; then
     readelf -d "$work/consumer_pc" | grep -q 'NEEDED.*\[libferry\.so\.0\]' ||
         fail "consumer_pc does not record the versioned soname libferry.so.0"
     run pkg-config "$work/consumer_pc"
-    # A static link with what Libs.private lists (optional dependencies such as OpenBLAS included).
+    # A static link with what Libs.private lists (optional dependencies such as liburing included).
     private=$(PKG_CONFIG_PATH="$libdir/pkgconfig" "$pc" --libs-only-l --static ferry |
         sed 's/-lferry//')
     # the flags as docs/guide.md writes them: -L from pkg-config, not added here

@@ -52,14 +52,16 @@ int ferry__matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, ui
                   const float *x, float *y);
 
 /* C[m x n] += alpha * A[m x k] * B[k x n], row-major f32, leading dimensions given. Uses
- * OpenBLAS's cblas_sgemm when ferry was built with it (FERRY_HAVE_CBLAS), a blocked C loop
- * otherwise. */
+ * OpenBLAS's cblas_sgemm when ferry was built with FERRY_BLAS (not under TSan), FERRY_BLAS=0 is
+ * not set and libopenblas.so.0 (or libopenblas.so) loads: dlopen'd on the first call, once, by
+ * any thread. A blocked C loop otherwise, and for dimensions beyond int. */
 void ferry__sgemm(uint64_t m, uint64_t n, uint64_t k, float alpha, const float *a, uint64_t lda,
                   const float *b, uint64_t ldb, float *c, uint64_t ldc);
 /* The blocked C loop, always available (tests compare it with the BLAS path). */
 void ferry__sgemm_ref(uint64_t m, uint64_t n, uint64_t k, float alpha, const float *a,
                       uint64_t lda, const float *b, uint64_t ldb, float *c, uint64_t ldc);
-/* "openblas" or "builtin". */
+/* What ferry__sgemm uses for int-sized shapes: "openblas" or "builtin". Loads OpenBLAS as
+ * ferry__sgemm's first call would. */
 const char *ferry__sgemm_backend(void);
 
 #endif
