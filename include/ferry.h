@@ -877,7 +877,10 @@ FERRY_API int ferry_release_after(ferry *f, ferry_tensor *const *ts, size_t n, f
  *
  * Merge mode (the default): the staged copy of each affected weight gets W + sum of the adapters'
  * terms, computed in f32 and stored in the staged dtype (f32/f16/bf16 rounded to nearest; q8_0 and
- * q4_0 dequantized, added, requantized). The home copy and the file are never modified; affected
+ * q4_0 dequantized, added, requantized). B . A is OpenBLAS's cblas_sgemm when ferry was built with
+ * FERRY_BLAS (the default) and libopenblas.so.0 is present, loaded with dlopen by the first merge
+ * (a process that never merges never starts OpenBLAS's threads), else a builtin blocked loop; the
+ * environment variable FERRY_BLAS=0, read at that first merge, forces the loop. The home copy and the file are never modified; affected
  * weights therefore stop being zero-copy and get a staged copy. Every change of the adapter set or
  * of a multiplier starts a new epoch: staged copies of the old epoch are dropped (at release, if in
  * use) and re-staged from the pristine home copy at the next prepare — never unmerged by
