@@ -3,8 +3,11 @@
  * half/bfloat16/f8 conversions at their edge cases, quantize/dequantize (exact bytes of hand-made
  * blocks, error bounds on random data), ferry_dtype_convert, the dot-product kernels of every
  * readable type against dequantize + double sums (portable and AVX2 kernels both), and the GEMM
- * against a naive double reference (and OpenBLAS against the builtin loop when built with it).
+ * against a naive double reference and the dispatching GEMM (OpenBLAS, loaded only by the first
+ * GEMM, or the builtin loop under FERRY_BLAS=0) against the builtin loop. `test_dtype gemm` runs
+ * only the GEMM test (ctest runs it once more with FERRY_BLAS=0).
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1020,8 +1023,56 @@ static int gemm_errors(uint64_t m, uint64_t n, uint64_t k, float alpha, const fl
     return bad;
 }
 
+/* Elements of C2 (ferry__sgemm) that differ from C (ferry__sgemm_ref, same inputs) by more than
+ * float rounding of the sum allows; outside the m x n window they must be identical. */
+static int gemm_disagree(uint64_t m, uint64_t n, uint64_t k, float alpha, const float *a,
+                         uint64_t lda, const float *b, uint64_t ldb, const float *c0,
+                         const float *c, const float *c2, uint64_t ldc)
+{
+    int bad = 0;
+    for (uint64_t i = 0; i < m; i++) {
+        for (uint64_t j = 0; j < ldc; j++) {
+            if (j >= n) {
+                bad += memcmp(&c[i * ldc + j], &c2[i * ldc + j], sizeof *c) != 0;
+                continue;
+            }
+            double mag = 0.0;
+            for (uint64_t p = 0; p < k; p++)
+                mag += fabs((double)a[i * lda + p] * b[p * ldb + j]);
+            double tol = 2e-5 * (fabs(alpha) * mag + fabs(c0[i * ldc + j])) + 2e-6;
+            if (!(fabs((double)c[i * ldc + j] - c2[i * ldc + j]) <= tol))
+                bad++;
+        }
+    }
+    return bad;
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define GEMM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GEMM_TSAN 1
+#endif
+#endif
+
+/* Whether OpenBLAS is in this process (without loading it). */
+static int openblas_loaded(void)
+{
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libopenblas.so", RTLD_NOW | RTLD_NOLOAD);
+    if (h)
+        dlclose(h); /* drops the reference NOLOAD took, not the library */
+    return h != NULL;
+}
+
 static void test_gemm(void)
 {
+    /* ferry does not link OpenBLAS: nothing has loaded it before the first GEMM */
+    CHECK(!openblas_loaded());
+    const char *env = getenv("FERRY_BLAS");
+    int forced_off = env && strcmp(env, "0") == 0;
+    int identical = 1; /* ferry__sgemm gave ferry__sgemm_ref's bits in every case */
     struct {
         uint64_t m, n, k, lda, ldb, ldc;
         float alpha;
@@ -1060,13 +1111,21 @@ static void test_gemm(void)
                         (unsigned long long)m, (unsigned long long)n, (unsigned long long)k, pass,
                         bad);
             CHECK_EQ_INT(bad, 0);
-            /* the dispatching entry point (OpenBLAS when built with it) agrees with the loop */
+            /* the dispatching entry point (OpenBLAS when loaded) agrees with the loop */
             memcpy(c2, c0, m * cases[t].ldc * sizeof *c2);
             ferry__sgemm(m, n, k, cases[t].alpha, a, cases[t].lda, b, cases[t].ldb, c2,
                          cases[t].ldc);
             bad = gemm_errors(m, n, k, cases[t].alpha, a, cases[t].lda, b, cases[t].ldb, c0, c2,
                               cases[t].ldc);
             CHECK_EQ_INT(bad, 0);
+            bad = gemm_disagree(m, n, k, cases[t].alpha, a, cases[t].lda, b, cases[t].ldb, c0, c,
+                                c2, cases[t].ldc);
+            if (bad)
+                fprintf(stderr, "sgemm (%s) %llux%llux%llu (pass %d): %d differ from sgemm_ref\n",
+                        ferry__sgemm_backend(), (unsigned long long)m, (unsigned long long)n,
+                        (unsigned long long)k, pass, bad);
+            CHECK_EQ_INT(bad, 0);
+            identical &= memcmp(c, c2, m * cases[t].ldc * sizeof *c) == 0;
         }
     }
     ferry__dtype_force_generic(0);
@@ -1076,9 +1135,31 @@ static void test_gemm(void)
     ferry__sgemm_ref(4, 4, 0, 1.0f, a, 4, b, 4, c, 4);
     ferry__sgemm(4, 4, 4, 0.0f, a, 4, b, 4, c, 4);
     CHECK(memcmp(c, c0, 64 * sizeof *c) == 0);
+    /* the backend's name is what ran: OpenBLAS is loaded exactly when it says "openblas", and the
+     * builtin loop gives ferry__sgemm_ref's bits */
     const char *be = ferry__sgemm_backend();
+    int loaded = openblas_loaded();
+    printf("sgemm backend: %s%s\n", be, forced_off ? " (FERRY_BLAS=0)" : "");
     CHECK(strcmp(be, "openblas") == 0 || strcmp(be, "builtin") == 0);
-    printf("sgemm backend: %s\n", be);
+    CHECK_EQ_INT(strcmp(be, "openblas") == 0, loaded);
+    if (strcmp(be, "builtin") == 0)
+        CHECK(identical);
+#if defined(FERRY_BLAS_DLOPEN) && !defined(GEMM_TSAN)
+    if (forced_off) {
+        CHECK_STR(be, "builtin");
+    } else if (!loaded) {
+        /* ferry found no OpenBLAS: then none may be loadable */
+        void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
+        CHECK(h == NULL || dlsym(h, "cblas_sgemm") == NULL);
+        if (!h)
+            printf("SKIP: libopenblas.so.0 not found, the OpenBLAS GEMM path is untested\n");
+    }
+#else
+    /* built without FERRY_BLAS, or under TSan: never OpenBLAS */
+    CHECK_STR(be, "builtin");
+#endif
 out:
     free(a);
     free(b);
@@ -1087,8 +1168,12 @@ out:
     free(c2);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "gemm") == 0) {
+        test_gemm();
+        return check_finish();
+    }
     test_table();
     test_gguf_ids();
     test_safetensors_names();
