@@ -441,7 +441,7 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + (8 + r) * rb + 34 * b), _MM_HINT_T2);
+            _mm_prefetch((const char *)(w + (8 + r) * rb + 34 * b), _MM_HINT_T1);
             __m256i a = _mm256_loadu_si256((const __m256i *)(w + r * rb + 34 * b + 2));
             s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a),
                                        _mm256_sign_epi8(x, a));
