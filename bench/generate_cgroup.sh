@@ -4,7 +4,10 @@
 # each inside a memory cgroup capped at CAP, the file dropped from the page cache before each run.
 # Prints decode tok/s, time to first token and bytes read per token, beside the limits measured in
 # the same run: the O_DIRECT read of the file (dd), 0.8 x direct / (M - B) and M / direct.
-# Needs root (cgroup v1 memory controller or cgroup v2).
+# Needs root (cgroup v1 memory controller or cgroup v2). Where llama.cpp's extra buffer types
+# (AMX, CPU repack) copy the weights out of the mapping at load, as its default does on CPUs with
+# AMX, llama.cpp does not fit the cgroup and is killed: compare its mmap path then, a llama_logits
+# built with llama_model_params.use_extra_bufts = false, as REF_DIR/bin/llama_logits.
 #
 #   bench/generate_cgroup.sh FERRY_CLI MODEL [REF_DIR (~/.cache/ferry-ref)]
 #   env: CAP (4GiB), BUDGET (3.75GiB), N (4 tokens), THREADS (online CPUs)
