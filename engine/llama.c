@@ -3,7 +3,7 @@
  *
  * Weights are matrices of rows x cols in their stored type (GGUF's ne[1] x ne[0]: each row is one
  * output feature, contiguous); the shape comments below are (rows, cols). Activations are f32.
- * Every matrix-vector product is ferry_matvec_q over a block of rows per thread, its input
+ * Every matrix-vector product is ferry_matvec_q over chunks of rows the threads share, its input
  * prepared once the way llama.cpp's CPU back end takes it (q8_0 / q8_K blocks for quantized
  * weights, f16 / bf16 precision for f16 / bf16 ones); in runtime LoRA mode each adapter term
  * scale * B.(A.x) is added to the product here, in f32.
