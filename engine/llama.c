@@ -47,7 +47,7 @@ typedef struct layer_weights {
     ferry_tensor **exp;      /* (EXP_KINDS, n_expert) expert e of each as a slice (rows, cols);
                                 NULL: the whole tensors */
 } layer_weights;
-/* the most tensors layer_list gives: a mixture-of-experts layer's own (without its experts)
+/* the most tensors step_list gives: a mixture-of-experts layer's own (without its experts)
  * and the next layer's router and ffn_norm, which predict_experts reads */
 #define LAYER_TENSORS 12
 
@@ -785,8 +785,9 @@ static void attention_work(void *arg, int ith, int nth)
     }
 }
 
-/* x += Wo . attention(RoPE(Wq.xb), KV cache with RoPE(Wk.xb), Wv.xb), xb = rmsnorm(x). */
-static int attention_block(llama *m, uint32_t l, uint32_t pos, char *err, size_t errlen)
+/* att_out = attention(RoPE(Wq.xb), KV cache with RoPE(Wk.xb), Wv.xb), xb = rmsnorm(x): the
+ * keys and values of position POS go into the cache. */
+static int attention_heads(llama *m, uint32_t l, uint32_t pos, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
     layer_weights *w = &m->layers[l];
@@ -817,18 +818,23 @@ static int attention_block(llama *m, uint32_t l, uint32_t pos, char *err, size_t
         m->q[i] = round_f16(m->q[i]);
     attention_job aj = {m, l, pos};
     pool_run(m->pool, attention_work, &aj);
-    rc = matvec(m, w->wo, m->att_out, m->proj, err, errlen);
+    return 0;
+}
+
+/* x += W.v: the projection of a block's output back into the residual stream. */
+static int residual_add(llama *m, ferry_tensor *w, const float *v, char *err, size_t errlen)
+{
+    int rc = matvec(m, w, v, m->proj, err, errlen);
     if (rc)
         return rc;
-    for (uint32_t i = 0; i < c->dim; i++)
+    for (uint32_t i = 0; i < m->c.dim; i++)
         m->x[i] += m->proj[i];
     return 0;
 }
 
-/* x += W_down . (silu(W_gate.xb) * W_up.xb), xb = rmsnorm(x). */
-static int ffn_block(llama *m, uint32_t l, char *err, size_t errlen)
+/* hb = silu(W_gate.xb) * W_up.xb, xb = rmsnorm(x). */
+static int ffn_hidden(llama *m, uint32_t l, char *err, size_t errlen)
 {
-    const llama_config *c = &m->c;
     layer_weights *w = &m->layers[l];
     int rc = rmsnorm(m, m->xb, m->x, w->ffn_norm, err, errlen);
     if (rc)
@@ -839,13 +845,39 @@ static int ffn_block(llama *m, uint32_t l, char *err, size_t errlen)
         (rc = matvec_add(m, &j, w->w_up, m->xb, m->hb2, err, errlen)) ||
         (rc = matvec_run(m, &j, ws, err, errlen)))
         return rc;
-    swiglu(m->hb, m->hb2, c->ff);
-    rc = matvec(m, w->w_down, m->hb, m->proj, err, errlen);
-    if (rc)
-        return rc;
-    for (uint32_t i = 0; i < c->dim; i++)
-        m->x[i] += m->proj[i];
+    swiglu(m->hb, m->hb2, m->c.ff);
     return 0;
+}
+
+/* The parts of a dense layer's pass, in order: each block's first products, then its output
+ * projection. A step of the layer (step_list) covers one part or a run of them. */
+enum { PART_QKV, PART_WO, PART_GATE_UP, PART_DOWN, PARTS };
+
+/* Parts [*P0, *P1] are step S of a layer done in STEPS steps (1, 2 or 4). */
+static void step_parts(int steps, int s, int *p0, int *p1)
+{
+    *p0 = s * (PARTS / steps);
+    *p1 = *p0 + PARTS / steps - 1;
+}
+
+/* Parts P0..P1 of dense layer L for the token in x at position POS: x += Wo . attention, x +=
+ * W_down . hb, the vector between a block's two products kept in att_out or hb. */
+static int dense_parts(llama *m, uint32_t l, int p0, int p1, uint32_t pos, char *err,
+                       size_t errlen)
+{
+    layer_weights *w = &m->layers[l];
+    int rc = 0;
+    for (int p = p0; p <= p1 && !rc; p++) {
+        if (p == PART_QKV)
+            rc = attention_heads(m, l, pos, err, errlen);
+        else if (p == PART_WO)
+            rc = residual_add(m, w->wo, m->att_out, err, errlen);
+        else if (p == PART_GATE_UP)
+            rc = ffn_hidden(m, l, err, errlen);
+        else
+            rc = residual_add(m, w->w_down, m->hb, err, errlen);
+    }
+    return rc;
 }
 
 /* ---- mixture of experts ---------------------------------------------------------------------- */
@@ -1075,41 +1107,70 @@ static int head(llama *m, char *err, size_t errlen)
 
 /* ---- residency around the steps ------------------------------------------------------------ */
 
-/* The tensors layer L computes with into TS; returns how many. A mixture-of-experts layer's
- * experts are not among them (prepare_experts), the next layer's router and ffn_norm are. */
-static size_t layer_list(llama *m, uint32_t l, ferry_tensor *ts[LAYER_TENSORS])
+/* What step S of the STEPS of layer L computes with into TS, in the order it uses them; returns
+ * how many. A dense layer is prepared in steps, so that streaming holds one step and reads the
+ * next one ahead, not whole layers: a batch in two, the attention block and the feed-forward
+ * block (all the batch's tokens through one before the other: a layer's keys and values depend
+ * only on its input); one token in four, one part each (PART_QKV ...). A mixture-of-experts
+ * layer is one step, its attention and router (its experts are routed in moe_layer) and the
+ * next layer's router and ffn_norm, which predict_experts reads. */
+static size_t step_list(llama *m, uint32_t l, int steps, int s, ferry_tensor *ts[LAYER_TENSORS])
 {
     layer_weights *w = &m->layers[l];
     size_t n = 0;
-    ts[n++] = w->attn_norm;
-    ts[n++] = w->wq;
-    ts[n++] = w->wk;
-    ts[n++] = w->wv;
-    ts[n++] = w->wo;
-    if (m->c.qk_norm) {
+    int p0, p1;
+    step_parts(steps, s, &p0, &p1);
+    if (p0 <= PART_QKV) {
+        ts[n++] = w->attn_norm;
+        ts[n++] = w->wq;
+        ts[n++] = w->wk;
+        ts[n++] = w->wv;
+    }
+    if (p0 <= PART_WO && p1 >= PART_WO)
+        ts[n++] = w->wo;
+    if (p0 <= PART_QKV && m->c.qk_norm) {
         ts[n++] = w->q_norm;
         ts[n++] = w->k_norm;
     }
-    ts[n++] = w->ffn_norm;
-    if (!m->c.n_expert) {
-        ts[n++] = w->w_gate;
-        ts[n++] = w->w_up;
-        ts[n++] = w->w_down;
+    if (p0 <= PART_GATE_UP && p1 >= PART_GATE_UP)
+        ts[n++] = w->ffn_norm;
+    if (m->c.n_expert) {
+        ts[n++] = w->router;
+        if (l + 1 < m->c.n_layer) {
+            ts[n++] = m->layers[l + 1].ffn_norm;
+            ts[n++] = m->layers[l + 1].router;
+        }
         return n;
     }
-    ts[n++] = w->router;
-    if (l + 1 < m->c.n_layer) {
-        ts[n++] = m->layers[l + 1].ffn_norm;
-        ts[n++] = m->layers[l + 1].router;
+    if (p0 <= PART_GATE_UP && p1 >= PART_GATE_UP) {
+        ts[n++] = w->w_gate;
+        ts[n++] = w->w_up;
     }
+    if (p1 >= PART_DOWN)
+        ts[n++] = w->w_down;
     return n;
 }
 
-/* Reads ahead what layer L computes with (its experts are guessed in moe_layer). */
-static void prefetch_layer(llama *m, uint32_t l)
+/* The steps of each layer for a batch of N tokens (see step_list). */
+static int layer_steps(const llama *m, uint32_t n)
+{
+    return m->c.n_expert ? 1 : n == 1 ? 4 : 2;
+}
+
+/* Reads ahead what comes after step S of the STEPS of layer L: the layer's next step, the next
+ * layer's first, or the head after the last layer (a layer's experts are guessed in
+ * moe_layer). */
+static void prefetch_after(llama *m, uint32_t l, int steps, int s)
 {
     ferry_tensor *ts[LAYER_TENSORS];
-    ferry_prefetch(m->f, ts, layer_list(m, l, ts));
+    if (s + 1 < steps)
+        ferry_prefetch(m->f, ts, step_list(m, l, steps, s + 1, ts));
+    else if (l + 1 < m->c.n_layer)
+        ferry_prefetch(m->f, ts, step_list(m, l + 1, steps, 0, ts));
+    else {
+        ferry_tensor *hd[2] = {m->output_norm, m->output};
+        ferry_prefetch(m->f, hd, 2);
+    }
 }
 
 /* Grows the per-token buffers of a batch to N tokens. */
@@ -1173,7 +1234,7 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
-        rc = attention_block(m, l, pos0 + t, err, errlen);
+        rc = dense_parts(m, l, PART_QKV, PART_WO, pos0 + t, err, errlen);
         if (!rc)
             rc = route(m, l, t, err, errlen);
         if (!rc)
@@ -1232,33 +1293,35 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
         return rc;
     ferry_tensor *cur[LAYER_TENSORS];
     ferry_tensor *hd[2] = {m->output_norm, m->output};
+    const int steps = layer_steps(m, n);
     for (uint32_t l = 0; l < c->n_layer; l++) {
-        size_t n_cur = layer_list(m, l, cur);
-        if ((rc = prepare(m, cur, n_cur, err, errlen)))
-            return rc;
-        /* while this layer computes, the next one (or the head) is read */
-        if (l + 1 < c->n_layer)
-            prefetch_layer(m, l + 1);
-        else
-            ferry_prefetch(m->f, hd, 2);
-        if (c->n_expert)
-            rc = moe_layer(m, l, n, pos0, err, errlen);
-        /* each token of the batch in order: the same arithmetic as one call per token */
-        for (uint32_t t = 0; t < n && !rc && !c->n_expert; t++) {
-            float *xt = m->xs + (uint64_t)t * c->dim;
-            memcpy(m->x, xt, c->dim * sizeof *m->x);
-            rc = attention_block(m, l, pos0 + t, err, errlen);
-            if (!rc)
-                rc = ffn_block(m, l, err, errlen);
-            memcpy(xt, m->x, c->dim * sizeof *m->x);
+        for (int s = 0; s < steps; s++) {
+            size_t n_cur = step_list(m, l, steps, s, cur);
+            int p0, p1;
+            step_parts(steps, s, &p0, &p1);
+            if ((rc = prepare(m, cur, n_cur, err, errlen)))
+                return rc;
+            /* while this step computes, the next one (or the head) is read */
+            prefetch_after(m, l, steps, s);
+            if (c->n_expert)
+                rc = moe_layer(m, l, n, pos0, err, errlen);
+            /* each token of the batch in order: the same arithmetic as one call per token (a
+             * layer's keys and values depend only on its input, so all the batch's attention
+             * may come before its feed-forward) */
+            for (uint32_t t = 0; t < n && !rc && !c->n_expert; t++) {
+                float *xt = m->xs + (uint64_t)t * c->dim;
+                memcpy(m->x, xt, c->dim * sizeof *m->x);
+                rc = dense_parts(m, l, p0, p1, pos0 + t, err, errlen);
+                memcpy(xt, m->x, c->dim * sizeof *m->x);
+            }
+            ferry_release(m->f, cur, n_cur);
+            if (rc)
+                return rc;
         }
-        ferry_release(m->f, cur, n_cur);
-        if (rc)
-            return rc;
     }
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
-    prefetch_layer(m, 0);
+    ferry_prefetch(m->f, cur, step_list(m, 0, steps, 0, cur));
     for (uint32_t t = 0; t < n && !rc; t++) {
         memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);

@@ -97,10 +97,11 @@ const llama_config *llama_get_config(const llama *m);
 int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,
                   size_t errlen);
 
-/* Evaluates the N tokens TOKENS at positions POS0, POS0 + 1, ... layer by layer: each layer is
- * prepared once for the whole batch (a prompt reads the model once, not once per token), and each
- * token goes through it in order with the same arithmetic as llama_forward, so the results are
- * the same bits. LOGITS receives N rows of vocab floats. 0, or a code with the reason in ERR. */
+/* Evaluates the N tokens TOKENS at positions POS0, POS0 + 1, ... layer by layer: each layer's
+ * attention block and feed-forward block are prepared once for the whole batch (a prompt reads
+ * the model once, not once per token), and each token goes through them in order with the same
+ * arithmetic as llama_forward, so the results are the same bits. (One token takes a dense layer
+ * in four prepared steps: Q/K/V, Wo, gate/up, down.) LOGITS receives N rows of vocab floats. 0, or a code with the reason in ERR. */
 int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t pos0,
                         float *logits, char *err, size_t errlen);
 
