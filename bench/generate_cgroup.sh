@@ -10,12 +10,12 @@
 # built with llama_model_params.use_extra_bufts = false, as REF_DIR/bin/llama_logits.
 #
 #   bench/generate_cgroup.sh FERRY_CLI MODEL [REF_DIR (~/.cache/ferry-ref)]
-#   env: CAP (4GiB), BUDGET (3.75GiB), N (4 tokens), THREADS (online CPUs)
+#   env: CAP (4GiB), BUDGET (3.75GiB), N (8 tokens), THREADS (online CPUs)
 # A model of the stated shape: ferry gen -o m6.gguf --layers 14 --dim 4096 --ff 11008 --vocab 32000
 #   --heads 32 --dtype f16   (6.2 GB)
 set -euo pipefail
 cli=$1; model=$2; ref=${3:-$HOME/.cache/ferry-ref}
-cap=${CAP:-4GiB}; budget=${BUDGET:-3.75GiB}; n=${N:-4}; threads=${THREADS:-$(nproc)}
+cap=${CAP:-4GiB}; budget=${BUDGET:-3.75GiB}; n=${N:-8}; threads=${THREADS:-$(nproc)}
 bytes() { /usr/bin/python3 -c "
 import re,sys; s=sys.argv[1]; m=re.fullmatch(r'([0-9.]+)(GiB|MiB|)', s)
 print(int(float(m[1]) * {'GiB': 1 << 30, 'MiB': 1 << 20, '': 1}[m[2]]))" "$1"; }
