@@ -180,9 +180,9 @@ FERRY_API int ferry_dtype_convert(ferry_dtype src, const void *in, ferry_dtype d
  * (each row COLS elements, a whole number of blocks): the decode-shaped product of a weight with
  * a vector, dequantizing on the fly. FERRY_EDTYPE for a type ferry cannot read as numbers.
  * Thread-safe: threads may each take a block of rows. The kernels are picked at run time from what
- * the CPU has (portable, AVX2, AVX-512); the environment variable FERRY_ISA ("generic", "avx2"),
- * read once, caps them. Sets differ only in float rounding (the order of the sums); a row gives
- * the same value whatever block of rows it is computed in. */
+ * the CPU has (portable, AVX2, AVX-512, AVX-512 with VBMI); the environment variable FERRY_ISA
+ * ("generic", "avx2", "avx512"), read once, caps them. Sets differ only in float rounding (the
+ * order of the sums); a row gives the same value whatever block of rows it is computed in. */
 FERRY_API int ferry_matvec(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
                            const float *x, float *y);
 

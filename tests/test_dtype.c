@@ -903,9 +903,10 @@ static void test_dot(void)
     for (int i = 0; i < COLS; i++)
         x[i] = frand();
     int checked = 0;
-    /* every kernel set this CPU has: the best (AVX-512 where it is there), AVX2, portable */
-    const int caps[] = {-1, FERRY__ISA_AVX2, FERRY__ISA_GENERIC};
-    for (int pass = 0; pass < 3; pass++) {
+    /* every kernel set this CPU has: the best (AVX-512 with VBMI where it is there), AVX-512,
+     * AVX2, portable */
+    const int caps[] = {-1, FERRY__ISA_AVX512, FERRY__ISA_AVX2, FERRY__ISA_GENERIC};
+    for (int pass = 0; pass < 4; pass++) {
         ferry__dtype_force_isa(caps[pass]);
         for (int t = 0; t < FERRY_DTYPE_COUNT; t++) {
             if (!ferry__dtype_readable((ferry_dtype)t))

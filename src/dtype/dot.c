@@ -82,6 +82,9 @@ static int cpu_isa(void)
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
             v = FERRY__ISA_AVX512;
+        if (v == FERRY__ISA_AVX512 && __builtin_cpu_supports("avx512vnni") &&
+            __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni"))
+            v = FERRY__ISA_AVX512_VBMI;
     }
 #endif
     const char *e = getenv("FERRY_ISA");
@@ -89,6 +92,8 @@ static int cpu_isa(void)
         v = FERRY__ISA_GENERIC;
     else if (e && strcmp(e, "avx2") == 0 && v > FERRY__ISA_AVX2)
         v = FERRY__ISA_AVX2;
+    else if (e && strcmp(e, "avx512") == 0 && v > FERRY__ISA_AVX512)
+        v = FERRY__ISA_AVX512;
     atomic_store_explicit(&cached, v, memory_order_relaxed);
     return v;
 }
@@ -104,7 +109,10 @@ int ferry__dtype_use_avx2(void) { return ferry__dtype_isa() >= FERRY__ISA_AVX2; 
 const char *ferry__dot_isa(void)
 {
     int v = ferry__dtype_isa();
-    return v == FERRY__ISA_AVX512 ? "avx512" : v == FERRY__ISA_AVX2 ? "avx2" : "generic";
+    return v == FERRY__ISA_AVX512_VBMI ? "avx512vbmi"
+           : v == FERRY__ISA_AVX512    ? "avx512"
+           : v == FERRY__ISA_AVX2      ? "avx2"
+                                       : "generic";
 }
 
 static dot_kernel pick(ferry_dtype t)

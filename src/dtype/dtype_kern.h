@@ -128,8 +128,9 @@ ferry__q6k_quants_avx2(const uint8_t *w, int h, __m256i q[4])
 #endif
 
 /* The kernel sets of src/dtype/, in order: portable code, AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ
- * with FMA and F16C: the f32 / f16 / bf16 / q8_0 / q4_0 kernels of ferry__matvec). */
-enum { FERRY__ISA_GENERIC = 0, FERRY__ISA_AVX2 = 1, FERRY__ISA_AVX512 = 2 };
+ * with FMA and F16C: the f32 / f16 / bf16 / q8_0 / q4_0 kernels of ferry__matvec), AVX-512 with
+ * VNNI, VBMI and GFNI as well (the byte-permuting q4_0 kernel of ferry_matvec_q). */
+enum { FERRY__ISA_GENERIC = 0, FERRY__ISA_AVX2 = 1, FERRY__ISA_AVX512 = 2, FERRY__ISA_AVX512_VBMI = 3 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define FERRY_DOT_AVX512 1
@@ -140,7 +141,7 @@ int ferry__matvec_avx512(ferry_dtype t, const void *w, uint64_t rows, uint64_t c
 #endif
 
 /* The kernel set in use: the best the CPU supports, capped by the environment variable FERRY_ISA
- * ("generic", "avx2", "avx512"; read once) and by the test hook below. */
+ * ("generic", "avx2", "avx512", "avx512vbmi"; read once) and by the test hook below. */
 int ferry__dtype_isa(void);
 /* Test hook: caps the kernel set at LEVEL (a FERRY__ISA_ value; -1: no cap). Tests set it
  * between runs, never while a kernel runs. Returns the previous cap. */
@@ -151,7 +152,7 @@ int ferry__dtype_force_isa(int level);
 int ferry__dtype_force_generic(int on);
 /* 1 when the AVX2+FMA+F16C kernels may be used: an x86 CPU that has them, and no cap below. */
 int ferry__dtype_use_avx2(void);
-/* Name of the kernel set in use now ("avx512", "avx2" or "generic"). */
+/* Name of the kernel set in use now ("avx512vbmi", "avx512", "avx2" or "generic"). */
 const char *ferry__dot_isa(void);
 
 #endif

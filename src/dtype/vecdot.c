@@ -452,31 +452,168 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
     _mm256_storeu_ps(y, acc);
 }
 
+/* One q4_0 block B of eight rows RB apart from W (ROWS their offsets) against the q8_0 block XQ:
+ * ACC plus, in lane r, the block's exact integer sum for row r times its scale product. */
+VD_VNNI static inline __attribute__((always_inline)) __m256 q4_0_block8(
+    const uint8_t *w, uint64_t rb, __m256i rows, const uint8_t *xq, uint64_t b, __m256 acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), nib = _mm256_setr_epi64x(0, 0, 4, 4);
+    __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+        _mm_prefetch((const char *)(w + (8 + r) * rb + 18 * b), _MM_HINT_T1);
+        /* the 16 bytes in both halves: the low nibbles (elements 0..15) below, the high
+         * (16..31) above */
+        __m256i q = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2)));
+        s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                   _mm256_and_si256(_mm256_srlv_epi64(q, nib), m4), x);
+    }
+    /* (q - 8) . x = q . x - 8 * sum(x), q the unsigned nibbles: exact int32 either way */
+    __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), x);
+    __m256i sx8 = _mm256_set1_epi32(8 * hsum_i32(sx));
+    __m256 d = _mm256_mul_ps(scales8(w, rows, 18 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum8x8(s), sx8)), d, acc);
+}
+
 VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                float *y)
 {
     const __m256i rows = row_offsets(rb);
-    const __m256i m4 = _mm256_set1_epi8(15), nib = _mm256_setr_epi64x(0, 0, 4, 4);
-    const __m256i one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
-    for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 2)), s[8];
+    for (uint64_t b = 0; b < n / 32; b++, xq += 34)
+        acc = q4_0_block8(w, rb, rows, xq, b, acc);
+    _mm256_storeu_ps(y, acc);
+}
+
+/* With AVX-512 VBMI and GFNI as well: q4_0 four blocks at a time, 512 bits a step. */
+#define VD_VBMI                                                                                    \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"          \
+                          "avx512vbmi,gfni")))
+
+/* Within each 128-bit lane, A's and B's adjacent int32 pairs added: lanes 4k.. of the result
+ * hold a0 + a1, b0 + b1, a2 + a3, b2 + b3 of lanes 4k.. of A and B (blends move what the one
+ * shuffle need not). */
+VD_VBMI static inline __m512i pairs_i32(__m512i a, __m512i b)
+{
+    __m512i x = _mm512_mask_blend_epi32(0xaaaa, a, b), y = _mm512_mask_blend_epi32(0xaaaa, b, a);
+    return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_CDAB));
+}
+
+/* The same with int64 halves: lanes 4k.. hold (a0, a1) + (a2, a3), (b0, b1) + (b2, b3). */
+VD_VBMI static inline __m512i pairs_i64(__m512i a, __m512i b)
+{
+    __m512i x = _mm512_mask_blend_epi64(0xaa, a, b), y = _mm512_mask_blend_epi64(0xaa, b, a);
+    return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_BADC));
+}
+
+/* Lane 4k + i of the result: the sum of the int32 lanes 4k..4k+3 of S[i] (i < 4). */
+VD_VBMI static inline __m512i sum4x4(const __m512i s[4])
+{
+    return pairs_i64(pairs_i32(s[0], s[1]), pairs_i32(s[2], s[3]));
+}
+
+/* vpermb / vpermt2b indices of q4_0_rows8_vbmi, all byte offsets from the start of the data they
+ * permute (a row's 72 bytes of four blocks, x's 136). NIB: the nibble bytes of block k (18k +
+ * 2..) into bytes 16k.. (bytes 56..63 are then replaced by 64..71, which a 64-byte load lacks). XLO, XHI: x's elements 0..15
+ * and 16..31 of block k (34k + 2.., 34k + 18..; XHI from x's bytes 16.. and 72..) into bytes
+ * 16k... XD: x's f16 scale of block k (34k) into words 8k..8k+7. */
+static const uint8_t q4_0_nib[64] = {
+    2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17,
+    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
+    38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
+    56, 57, 58, 59, 60, 61, 62, 63, 0,  0,  0,  0,  0,  0,  0,  0};
+static const uint8_t q4_0_xlo[64] = {
+    2,   3,   4,   5,   6,   7,   8,   9,   10,  11,  12,  13,  14,  15,  16,  17,
+    36,  37,  38,  39,  40,  41,  42,  43,  44,  45,  46,  47,  48,  49,  50,  51,
+    70,  71,  72,  73,  74,  75,  76,  77,  78,  79,  80,  81,  82,  83,  84,  85,
+    104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119};
+static const uint8_t q4_0_xhi[64] = {
+    2,   3,   4,   5,   6,   7,   8,   9,   10,  11,  12,  13,  14,  15,  16,  17,
+    36,  37,  38,  39,  40,  41,  42,  43,  44,  45,  46,  47,  48,  49,  50,  51,
+    78,  79,  80,  81,  82,  83,  84,  85,  86,  87,  88,  89,  90,  91,  92,  93,
+    112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
+static const uint8_t q4_0_xd[64] = {
+    0,   1,   0,   1,   0,   1,   0,   1,   0,   1,   0,   1,   0,   1,   0,   1,
+    34,  35,  34,  35,  34,  35,  34,  35,  34,  35,  34,  35,  34,  35,  34,  35,
+    68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,
+    102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103};
+
+/* Four q4_0 blocks of eight rows a step. Each row's 72 bytes come in with one 64-byte load and
+ * one 8-byte broadcast; vpermb moves the four blocks' nibble bytes together, and x is permuted
+ * once per step to match: bytes 16k.. pair block k's low nibbles with its elements 0..15 and its
+ * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
+ * four blocks' sums of a row, four int32 lanes per block, and sum4x4 reduces four rows at once.
+ * Blocks past the last multiple of four go through q4_0_block8. */
+VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                                    float *y)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i top8 = _mm512_setr_epi64(0, 0, 0, 0, 0, 0, 0, -1);
+    /* the bit matrix of b -> b >> 4 on each byte */
+    const __m512i hi4 = _mm512_set1_epi64(0x1020408000000000LL);
+    const __m512i nib = _mm512_loadu_si512(q4_0_nib), ixlo = _mm512_loadu_si512(q4_0_xlo);
+    const __m512i ixhi = _mm512_loadu_si512(q4_0_xhi), ixd = _mm512_loadu_si512(q4_0_xd);
+    /* the scales' offsets: lane i, row i % 8's block i / 8 (of two) */
+    const __m512i sc01 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                           _mm512_set1_epi32((int)rb)),
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 18, 18, 18, 18, 18, 18, 18, 18));
+    const __m512i sc23 = _mm512_add_epi32(sc01, _mm512_set1_epi32(36));
+    /* the low words of two vectors of int32 */
+    const __m512i low16 = _mm512_setr_epi64(
+        0x0006000400020000, 0x000e000c000a0008, 0x0016001400120010, 0x001e001c001a0018,
+        0x0026002400220020, 0x002e002c002a0028, 0x0036003400320030, 0x003e003c003a0038);
+    const __m512i blk01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i blk23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    const uint64_t nb = n / 32;
+    __m256 acc = _mm256_setzero_ps();
+    uint64_t b = 0;
+    for (; b + 4 <= nb; b += 4, xq += 4 * 34) {
+        __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
+        __m512i xlo = _mm512_permutex2var_epi8(x0, ixlo, x1);
+        __m512i xhi = _mm512_permutex2var_epi8(_mm512_loadu_si512(xq + 16), ixhi,
+                                               _mm512_loadu_si512(xq + 72));
+        __m512i xd = _mm512_permutex2var_epi8(x0, ixd, x1);
+        /* (q - 8) . x = q . x - 8 * sum(x): each row's sums start from -8 * x's, spread over the
+         * four lanes that the reduction below adds */
+        __m512i sx = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, xlo), one, xhi);
+        __m512i c8 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, 3));
+        __m512i s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            _mm_prefetch((const char *)(w + (8 + r) * rb + 18 * b), _MM_HINT_T1);
-            /* the 16 bytes in both halves: the low nibbles (elements 0..15) below, the high
-             * (16..31) above */
-            __m256i q = _mm256_broadcastsi128_si256(
-                _mm_loadu_si128((const __m128i *)(w + r * rb + 18 * b + 2)));
-            s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                       _mm256_and_si256(_mm256_srlv_epi64(q, nib), m4), x);
+            const uint8_t *p = w + r * rb + 18 * b;
+            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 64), _MM_HINT_T1);
+            uint64_t last;
+            memcpy(&last, p + 64, 8);
+            __m512i q = _mm512_permutexvar_epi8(nib, _mm512_loadu_si512(p));
+            /* top8 ? last : q (a blend the compiler does not turn into a masked load) */
+            q = _mm512_ternarylogic_epi64(top8, _mm512_set1_epi64((long long)last), q, 0xca);
+            s[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c8, _mm512_and_si512(q, m4), xlo),
+                                       _mm512_gf2p8affine_epi64_epi8(q, hi4, 0), xhi);
         }
-        /* (q - 8) . x = q . x - 8 * sum(x), q the unsigned nibbles: exact int32 either way */
-        __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), one, x);
-        __m256i sx8 = _mm256_set1_epi32(8 * hsum_i32(sx));
-        __m256 d = _mm256_mul_ps(scales8(w, rows, 18 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum8x8(s), sx8)), d, acc);
+        /* lane 4k + i: block k's sum of row i (U0) and of row 4 + i (U1); then block k's eight
+         * rows in the 256-bit half k % 2 of V01 (k < 2) or V23 */
+        __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+        __m512 v01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk01, u1));
+        __m512 v23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk23, u1));
+        /* the scale products in the same places */
+        __m512i g01 = _mm512_i32gather_epi32(sc01, (const void *)(w + 18 * b), 1);
+        __m512i g23 = _mm512_i32gather_epi32(sc23, (const void *)(w + 18 * b), 1);
+        __m512i wd = _mm512_permutex2var_epi16(g01, low16, g23);
+        __m512 d01 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(wd)),
+                                   _mm512_cvtph_ps(_mm512_castsi512_si256(xd)));
+        __m512 d23 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(wd, 1)),
+                                   _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xd, 1)));
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(v01), _mm512_castps512_ps256(d01), acc);
+        acc = _mm256_fmadd_ps(_mm512_extractf32x8_ps(v01, 1), _mm512_extractf32x8_ps(d01, 1), acc);
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(v23), _mm512_castps512_ps256(d23), acc);
+        acc = _mm256_fmadd_ps(_mm512_extractf32x8_ps(v23, 1), _mm512_extractf32x8_ps(d23, 1), acc);
     }
+    const __m256i rows = row_offsets(rb);
+    for (; b < nb; b++, xq += 34)
+        acc = q4_0_block8(w, rb, rows, xq, b, acc);
     _mm256_storeu_ps(y, acc);
 }
 
@@ -542,7 +679,8 @@ static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
         return NULL;
     switch (t) {
     case FERRY_DTYPE_Q8_0: return q8_0_rows8;
-    case FERRY_DTYPE_Q4_0: return q4_0_rows8;
+    case FERRY_DTYPE_Q4_0:
+        return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q4_0_rows8_vbmi : q4_0_rows8;
     case FERRY_DTYPE_Q4_K: return q4_k_rows8;
     case FERRY_DTYPE_Q6_K: return q6_k_rows8;
     default: return NULL;
