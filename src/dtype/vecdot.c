@@ -668,6 +668,118 @@ VD_VNNI static void q6_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
     _mm256_storeu_ps(y, acc);
 }
 
+/* vpermb index of q4_k_rows8_vbmi: bytes 2i, 2i + 1 of the lower and of the upper 32 bytes to
+ * bytes 4i.. and 4i + 2.. */
+static const uint8_t k4_ilv[64] = {
+    0,  1,  32, 33, 2,  3,  34, 35, 4,  5,  36, 37, 6,  7,  38, 39,
+    8,  9,  40, 41, 10, 11, 42, 43, 12, 13, 44, 45, 14, 15, 46, 47,
+    16, 17, 48, 49, 18, 19, 50, 51, 20, 21, 52, 53, 22, 23, 54, 55,
+    24, 25, 56, 57, 26, 27, 58, 59, 28, 29, 60, 61, 30, 31, 62, 63};
+
+/* x's elements 32A..32A + 31 and 32B..32B + 31 interleaved as k4_ilv interleaves. */
+VD_VBMI static inline __m512i k4_x_pair(const int8_t *x, int a, int b, __m512i ilv)
+{
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32 * a))),
+                                   _mm256_loadu_si256((const __m256i *)(x + 32 * b)), 1);
+    return _mm512_permutexvar_epi8(ilv, v);
+}
+
+/* k4_unpack for four rows RB apart from S (their 12 bytes of packed scales and mins), row j in
+ * the 128-bit lane j: bytes 0..7 the scales, 8..15 the mins. */
+VD_VBMI static inline __m512i k4_sm_lanes(const uint8_t *s, uint64_t rb)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)s));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s + rb)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s + 2 * rb)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s + 3 * rb)), 3);
+    /* dwords u0, u1, u2 of each lane: r0 = u0 & 0x3f.., r2 = u1 & 0x3f.. (scales and mins 0..3);
+     * r1, r3 (4..7): the nibbles of u2 (low, high) with the top two bits of u0, u1 above */
+    __m512i lo = _mm512_and_si512(v, _mm512_set1_epi8(0x3f));
+    __m512i u22 = _mm512_srlv_epi32(_mm512_shuffle_epi32(v, _MM_PERM_CCCC),
+                                    _mm512_setr4_epi32(0, 4, 0, 4)); /* dwords 0, 1: u2, u2 >> 4 */
+    __m512i top = _mm512_and_si512(_mm512_srli_epi32(v, 2), _mm512_set1_epi8(0x30));
+    __m512i hi = _mm512_ternarylogic_epi32(u22, _mm512_set1_epi8(0x0f), top, 0xea); /* u22 & 0f | top */
+    return _mm512_unpacklo_epi32(lo, hi);
+}
+
+/* q4_K, one super-block of eight rows a step. A 64-byte load holds two 32-byte chunks, whose low
+ * nibbles are sub-blocks 2c and 2c + 2... no: chunk c's low nibbles are sub-block 2c, its high
+ * 2c + 1. vpermb interleaves the two chunks in 2-byte units, so each int16 pair that vpmaddubsw
+ * forms holds one sub-block's sum and the other chunk's, and one vpdpwssd with the two scales
+ * as a broadcast int16 pair weighs both. The min terms of the eight rows go through one
+ * vpdpwssd pair against x's 32-element sums. */
+VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                                    float *y)
+{
+    const __m256i rows = row_offsets(rb);
+    const __m512i m4 = _mm512_set1_epi8(15), hi4 = _mm512_set1_epi64(0x1020408000000000LL);
+    const __m512i ilv = _mm512_loadu_si512(k4_ilv);
+    /* lanes 0, 4, 8, 12 of two vectors */
+    const __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
+        const int8_t *x = (const int8_t *)(xq + 4);
+        /* sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) */
+        __m512i x02 = k4_x_pair(x, 0, 2, ilv), x13 = k4_x_pair(x, 1, 3, ilv);
+        __m512i x46 = k4_x_pair(x, 4, 6, ilv), x57 = k4_x_pair(x, 5, 7, ilv);
+        /* the scales and mins of rows 4i..4i + 3, one row a 128-bit lane (k4_sm_lanes); the
+         * scales as int16 pairs (0, 2), (4, 6) in SP[i][0] and (1, 3), (5, 7) in SP[i][1], row
+         * 4i + j's at dwords 4j, 4j + 1 */
+        __m512i sm[2];
+        uint32_t sp[2][2][16];
+        for (int i = 0; i < 2; i++) {
+            sm[i] = k4_sm_lanes(w + 4 * i * rb + 144 * b + 4, rb);
+            _mm512_storeu_si512(sp[i][0], _mm512_and_si512(sm[i], _mm512_set1_epi32(0x00ff00ff)));
+            _mm512_storeu_si512(sp[i][1], _mm512_and_si512(_mm512_srli_epi32(sm[i], 8),
+                                                           _mm512_set1_epi32(0x00ff00ff)));
+        }
+        __m512i s[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *p = w + r * rb + 144 * b;
+            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 128), _MM_HINT_T1);
+            __m512i qa = _mm512_permutexvar_epi8(ilv, _mm512_loadu_si512(p + 16));
+            __m512i qb = _mm512_permutexvar_epi8(ilv, _mm512_loadu_si512(p + 80));
+            __m512i v = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                            _mm512_maddubs_epi16(_mm512_and_si512(qa, m4), x02),
+                                            _mm512_set1_epi32((int)sp[r / 4][0][4 * (r % 4)]));
+            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(qa, hi4, 0), x13),
+                                    _mm512_set1_epi32((int)sp[r / 4][1][4 * (r % 4)]));
+            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_and_si512(qb, m4), x46),
+                                    _mm512_set1_epi32((int)sp[r / 4][0][4 * (r % 4) + 1]));
+            s[r] = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(qb, hi4, 0), x57),
+                                       _mm512_set1_epi32((int)sp[r / 4][1][4 * (r % 4) + 1]));
+        }
+        /* the eight rows' sums: lane 4k + i of U0 (U1) a quarter of row i's (4 + i's) */
+        __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+        __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+        c = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+        __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+        /* the min terms: row i's eight mins (int16) against the eight 32-element sums of x */
+        __m512i pairs = _mm512_broadcast_i32x4(q8k_pairs(xq));
+        __m512i m03 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                          _mm512_unpackhi_epi8(sm[0], _mm512_setzero_si512()), pairs);
+        __m512i m47 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                          _mm512_unpackhi_epi8(sm[1], _mm512_setzero_si512()), pairs);
+        m03 = _mm512_add_epi32(m03, _mm512_shuffle_epi32(m03, _MM_PERM_BADC));
+        m03 = _mm512_add_epi32(m03, _mm512_shuffle_epi32(m03, _MM_PERM_CDAB));
+        m47 = _mm512_add_epi32(m47, _mm512_shuffle_epi32(m47, _MM_PERM_BADC));
+        m47 = _mm512_add_epi32(m47, _mm512_shuffle_epi32(m47, _MM_PERM_CDAB));
+        __m256i summs = _mm512_castsi512_si256(_mm512_permutex2var_epi32(m03, lane0, m47));
+        /* d and dmin, the first four bytes of each row's block */
+        __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + 144 * b), rows, 1);
+        __m256 dx = _mm256_set1_ps(q8k_d(xq));
+        __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)), dx);
+        __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))), dx);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summs), dmin, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                              float *y);
 
@@ -681,7 +793,8 @@ static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
     case FERRY_DTYPE_Q8_0: return q8_0_rows8;
     case FERRY_DTYPE_Q4_0:
         return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q4_0_rows8_vbmi : q4_0_rows8;
-    case FERRY_DTYPE_Q4_K: return q4_k_rows8;
+    case FERRY_DTYPE_Q4_K:
+        return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q4_k_rows8_vbmi : q4_k_rows8;
     case FERRY_DTYPE_Q6_K: return q6_k_rows8;
     default: return NULL;
     }
