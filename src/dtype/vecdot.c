@@ -702,12 +702,12 @@ VD_VBMI static inline __m512i k4_sm_lanes(const uint8_t *s, uint64_t rb)
     return _mm512_unpacklo_epi32(lo, hi);
 }
 
-/* q4_K, one super-block of eight rows a step. A 64-byte load holds two 32-byte chunks, whose low
- * nibbles are sub-blocks 2c and 2c + 2... no: chunk c's low nibbles are sub-block 2c, its high
- * 2c + 1. vpermb interleaves the two chunks in 2-byte units, so each int16 pair that vpmaddubsw
- * forms holds one sub-block's sum and the other chunk's, and one vpdpwssd with the two scales
- * as a broadcast int16 pair weighs both. The min terms of the eight rows go through one
- * vpdpwssd pair against x's 32-element sums. */
+/* q4_K, one super-block of eight rows a step. A 64-byte load holds two 32-byte chunks of nibbles
+ * (chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high). vpermb interleaves the two
+ * chunks in 2-byte units, and x likewise, so each int32 lane of vpdpwssd meets one int16 that
+ * vpmaddubsw formed from sub-block j and one from sub-block j + 2: the two scales, broadcast as
+ * an int16 pair, weigh both in one instruction. The eight rows' min terms take two vpdpwssd
+ * against x's 32-element sums. */
 VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                     float *y)
 {
