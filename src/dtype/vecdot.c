@@ -513,6 +513,17 @@ VD_VBMI static inline __m512i sum4x4(const __m512i s[4])
     return pairs_i64(pairs_i32(s[0], s[1]), pairs_i32(s[2], s[3]));
 }
 
+/* Lane i of the result: the sum of the sixteen int32 lanes of S[i]. */
+VD_VBMI static inline __m256i sum16x8(const __m512i s[8])
+{
+    /* lane 4k + i of U0 (U1): a quarter of row i's (4 + i's) sum */
+    __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+    __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+    c = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+}
+
 /* vpermb / vpermt2b indices of q4_0_rows8_vbmi, all byte offsets from the start of the data they
  * permute (a row's 72 bytes of four blocks, x's 136). NIB: the nibble bytes of block k (18k +
  * 2..) into bytes 16k.. (bytes 56..63 are then replaced by 64..71, which a 64-byte load lacks). XLO, XHI: x's elements 0..15
@@ -752,12 +763,7 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
             s[r] = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(qb, hi4, 0), x57),
                                        _mm512_set1_epi32((int)sp[r / 4][1][4 * (r % 4) + 1]));
         }
-        /* the eight rows' sums: lane 4k + i of U0 (U1) a quarter of row i's (4 + i's) */
-        __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
-        __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
-        c = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
-        __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+        __m256i sumi = sum16x8(s);
         /* the min terms: row i's eight mins (int16) against the eight 32-element sums of x */
         __m512i pairs = _mm512_broadcast_i32x4(q8k_pairs(xq));
         __m512i m03 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
@@ -780,6 +786,68 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
     _mm256_storeu_ps(y, acc);
 }
 
+/* q6_K, one super-block of eight rows a step. Each 512-bit step takes 64 elements in their own
+ * order (four groups of 16, group k in the 128-bit lane k): ql's nibbles with qh's two bits
+ * rotated into place above them. x enters vpdpbusd with -32 times its sums as the start, so each
+ * int32 lane holds (q - 32) . x of four elements, which fits an int16, and vpdpwssd weighs the
+ * lanes by their group's scale (zero-extended into the low half of each int32). */
+VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                                    float *y)
+{
+    const __m256i rows = row_offsets(rb);
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i hi4 = _mm512_set1_epi64(0x1020408000000000LL), one = _mm512_set1_epi8(1);
+    /* qh's bits 2g, 2g + 1 to bits 4, 5: rotations of each 64 bits, g = 0, 1 (below) and 2, 3 */
+    const __m512i rot01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+    const __m512i rot23 = _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62);
+    __m512i grp[4];
+    for (int t = 0; t < 4; t++)
+        grp[t] = _mm512_setr_epi32(4 * t, 4 * t, 4 * t, 4 * t, 4 * t + 1, 4 * t + 1, 4 * t + 1,
+                                   4 * t + 1, 4 * t + 2, 4 * t + 2, 4 * t + 2, 4 * t + 2,
+                                   4 * t + 3, 4 * t + 3, 4 * t + 3, 4 * t + 3);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < n / 256; b++, xq += Q8K_BYTES) {
+        __m512i x[4], x32[4];
+        for (int t = 0; t < 4; t++) {
+            x[t] = _mm512_loadu_si512(xq + 4 + 64 * t);
+            x32[t] = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, x[t]), 5);
+            x32[t] = _mm512_sub_epi32(_mm512_setzero_si512(), x32[t]);
+        }
+        __m512i s[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *p = w + r * rb + 210 * b;
+            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 128), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 8 * rb + 192), _MM_HINT_T1);
+            __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192))),
+                                          _mm512_set1_epi32(0xffff));
+            __m512i v = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
+                __m512i l = _mm512_loadu_si512(p + 64 * h);
+                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)));
+                /* elements 128h.. (groups 8h..8h + 3) and 128h + 64.. */
+                __m512i q0 = _mm512_ternarylogic_epi64(_mm512_rolv_epi64(qh, rot01), m30,
+                                                       _mm512_and_si512(l, m4), 0xea);
+                __m512i q1 = _mm512_ternarylogic_epi64(_mm512_rolv_epi64(qh, rot23), m30,
+                                                       _mm512_gf2p8affine_epi64_epi8(l, hi4, 0), 0xea);
+                v = _mm512_dpwssd_epi32(v, _mm512_dpbusd_epi32(x32[2 * h], q0, x[2 * h]),
+                                        _mm512_permutexvar_epi32(grp[2 * h], sc));
+                v = _mm512_dpwssd_epi32(v, _mm512_dpbusd_epi32(x32[2 * h + 1], q1, x[2 * h + 1]),
+                                        _mm512_permutexvar_epi32(grp[2 * h + 1], sc));
+            }
+            s[r] = v;
+        }
+        /* d, the last two bytes of each row's block (read as the high half of bytes 206..209) */
+        __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + 210 * b + 206), rows, 1);
+        __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))),
+                                 _mm256_set1_ps(q8k_d(xq)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum16x8(s)), d, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                              float *y);
 
@@ -795,7 +863,8 @@ static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
         return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q4_0_rows8_vbmi : q4_0_rows8;
     case FERRY_DTYPE_Q4_K:
         return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q4_k_rows8_vbmi : q4_k_rows8;
-    case FERRY_DTYPE_Q6_K: return q6_k_rows8;
+    case FERRY_DTYPE_Q6_K:
+        return ferry__dtype_isa() >= FERRY__ISA_AVX512_VBMI ? q6_k_rows8_vbmi : q6_k_rows8;
     default: return NULL;
     }
 }
