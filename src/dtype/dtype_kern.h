@@ -129,8 +129,13 @@ ferry__q6k_quants_avx2(const uint8_t *w, int h, __m256i q[4])
 
 /* The kernel sets of src/dtype/, in order: portable code, AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ
  * with FMA and F16C: the f32 / f16 / bf16 / q8_0 / q4_0 kernels of ferry__matvec), AVX-512 with
- * VNNI, VBMI and GFNI as well (the byte-permuting q4_0 kernel of ferry_matvec_q). */
-enum { FERRY__ISA_GENERIC = 0, FERRY__ISA_AVX2 = 1, FERRY__ISA_AVX512 = 2, FERRY__ISA_AVX512_VBMI = 3 };
+ * VNNI, VBMI and GFNI as well (the 512-bit q4_0, q4_K and q6_K kernels of ferry_matvec_q). */
+enum {
+    FERRY__ISA_GENERIC = 0,
+    FERRY__ISA_AVX2 = 1,
+    FERRY__ISA_AVX512 = 2,
+    FERRY__ISA_AVX512_VBMI = 3
+};
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define FERRY_DOT_AVX512 1

@@ -486,10 +486,18 @@ VD_VNNI static void q4_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
     _mm256_storeu_ps(y, acc);
 }
 
-/* With AVX-512 VBMI and GFNI as well: q4_0 four blocks at a time, 512 bits a step. */
+/* With AVX-512 VBMI and GFNI as well (FERRY__ISA_AVX512_VBMI): q4_0, q4_K and q6_K 512 bits a
+ * step, the same bits as the eight-row kernels above. */
 #define VD_VBMI                                                                                    \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"          \
                           "avx512vbmi,gfni")))
+
+/* Each byte of Q shifted right by four (its high nibble): one GF(2) affine map, whose 8x8 bit
+ * matrix takes bits 4..7 to 0..3. */
+VD_VBMI static inline __m512i hi_nibbles(__m512i q)
+{
+    return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000LL), 0);
+}
 
 /* Within each 128-bit lane, A's and B's adjacent int32 pairs added: lanes 4k.. of the result
  * hold a0 + a1, b0 + b1, a2 + a3, b2 + b3 of lanes 4k.. of A and B (blends move what the one
@@ -526,9 +534,9 @@ VD_VBMI static inline __m256i sum16x8(const __m512i s[8])
 
 /* vpermb / vpermt2b indices of q4_0_rows8_vbmi, all byte offsets from the start of the data they
  * permute (a row's 72 bytes of four blocks, x's 136). NIB: the nibble bytes of block k (18k +
- * 2..) into bytes 16k.. (bytes 56..63 are then replaced by 64..71, which a 64-byte load lacks). XLO, XHI: x's elements 0..15
- * and 16..31 of block k (34k + 2.., 34k + 18..; XHI from x's bytes 16.. and 72..) into bytes
- * 16k... XD: x's f16 scale of block k (34k) into words 8k..8k+7. */
+ * 2..) into bytes 16k.. (bytes 56..63 are then replaced by 64..71, which a 64-byte load lacks).
+ * XLO, XHI: x's elements 0..15 and 16..31 of block k (34k + 2.., 34k + 18..; XHI from x's bytes
+ * 16.. and 72..) into bytes 16k... XD: x's f16 scale of block k (34k) into words 8k..8k+7. */
 static const uint8_t q4_0_nib[64] = {
     2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17,
     20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
@@ -561,8 +569,6 @@ VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
 {
     const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
     const __m512i top8 = _mm512_setr_epi64(0, 0, 0, 0, 0, 0, 0, -1);
-    /* the bit matrix of b -> b >> 4 on each byte */
-    const __m512i hi4 = _mm512_set1_epi64(0x1020408000000000LL);
     const __m512i nib = _mm512_loadu_si512(q4_0_nib), ixlo = _mm512_loadu_si512(q4_0_xlo);
     const __m512i ixhi = _mm512_loadu_si512(q4_0_xhi), ixd = _mm512_loadu_si512(q4_0_xd);
     /* the scales' offsets: lane i, row i % 8's block i / 8 (of two) */
@@ -588,7 +594,8 @@ VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
         __m512i xd = _mm512_permutex2var_epi8(x0, ixd, x1);
         /* (q - 8) . x = q . x - 8 * sum(x): each row's sums start from -8 * x's, spread over the
          * four lanes that the reduction below adds */
-        __m512i sx = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, xlo), one, xhi);
+        __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), one, xlo);
+        sx = _mm512_dpbusd_epi32(sx, one, xhi);
         __m512i c8 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, 3));
         __m512i s[8];
 #pragma GCC unroll 8
@@ -599,10 +606,11 @@ VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
             uint64_t last;
             memcpy(&last, p + 64, 8);
             __m512i q = _mm512_permutexvar_epi8(nib, _mm512_loadu_si512(p));
-            /* top8 ? last : q (a blend the compiler does not turn into a masked load) */
+            /* top8 ? last : q, a blend that the compiler does not turn into a (slower) masked
+             * load */
             q = _mm512_ternarylogic_epi64(top8, _mm512_set1_epi64((long long)last), q, 0xca);
             s[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c8, _mm512_and_si512(q, m4), xlo),
-                                       _mm512_gf2p8affine_epi64_epi8(q, hi4, 0), xhi);
+                                       hi_nibbles(q), xhi);
         }
         /* lane 4k + i: block k's sum of row i (U0) and of row 4 + i (U1); then block k's eight
          * rows in the 256-bit half k % 2 of V01 (k < 2) or V23 */
@@ -690,9 +698,9 @@ static const uint8_t k4_ilv[64] = {
 /* x's elements 32A..32A + 31 and 32B..32B + 31 interleaved as k4_ilv interleaves. */
 VD_VBMI static inline __m512i k4_x_pair(const int8_t *x, int a, int b, __m512i ilv)
 {
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32 * a))),
-                                   _mm256_loadu_si256((const __m256i *)(x + 32 * b)), 1);
-    return _mm512_permutexvar_epi8(ilv, v);
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(x + 32 * a));
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+    return _mm512_permutexvar_epi8(ilv, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 }
 
 /* k4_unpack for four rows RB apart from S (their 12 bytes of packed scales and mins), row j in
@@ -709,7 +717,8 @@ VD_VBMI static inline __m512i k4_sm_lanes(const uint8_t *s, uint64_t rb)
     __m512i u22 = _mm512_srlv_epi32(_mm512_shuffle_epi32(v, _MM_PERM_CCCC),
                                     _mm512_setr4_epi32(0, 4, 0, 4)); /* dwords 0, 1: u2, u2 >> 4 */
     __m512i top = _mm512_and_si512(_mm512_srli_epi32(v, 2), _mm512_set1_epi8(0x30));
-    __m512i hi = _mm512_ternarylogic_epi32(u22, _mm512_set1_epi8(0x0f), top, 0xea); /* u22 & 0f | top */
+    /* (u22 & 0x0f..) | top */
+    __m512i hi = _mm512_ternarylogic_epi32(u22, _mm512_set1_epi8(0x0f), top, 0xea);
     return _mm512_unpacklo_epi32(lo, hi);
 }
 
@@ -723,8 +732,7 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
                                     float *y)
 {
     const __m256i rows = row_offsets(rb);
-    const __m512i m4 = _mm512_set1_epi8(15), hi4 = _mm512_set1_epi64(0x1020408000000000LL);
-    const __m512i ilv = _mm512_loadu_si512(k4_ilv);
+    const __m512i m4 = _mm512_set1_epi8(15), ilv = _mm512_loadu_si512(k4_ilv);
     /* lanes 0, 4, 8, 12 of two vectors */
     const __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
     __m256 acc = _mm256_setzero_ps();
@@ -753,23 +761,23 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
             _mm_prefetch((const char *)(p + 8 * rb + 128), _MM_HINT_T1);
             __m512i qa = _mm512_permutexvar_epi8(ilv, _mm512_loadu_si512(p + 16));
             __m512i qb = _mm512_permutexvar_epi8(ilv, _mm512_loadu_si512(p + 80));
+            const uint32_t *s02 = sp[r / 4][0] + 4 * (r % 4), *s13 = sp[r / 4][1] + 4 * (r % 4);
             __m512i v = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
                                             _mm512_maddubs_epi16(_mm512_and_si512(qa, m4), x02),
-                                            _mm512_set1_epi32((int)sp[r / 4][0][4 * (r % 4)]));
-            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(qa, hi4, 0), x13),
-                                    _mm512_set1_epi32((int)sp[r / 4][1][4 * (r % 4)]));
+                                            _mm512_set1_epi32((int)s02[0]));
+            v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(hi_nibbles(qa), x13),
+                                    _mm512_set1_epi32((int)s13[0]));
             v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_and_si512(qb, m4), x46),
-                                    _mm512_set1_epi32((int)sp[r / 4][0][4 * (r % 4) + 1]));
-            s[r] = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(qb, hi4, 0), x57),
-                                       _mm512_set1_epi32((int)sp[r / 4][1][4 * (r % 4) + 1]));
+                                    _mm512_set1_epi32((int)s02[1]));
+            s[r] = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(hi_nibbles(qb), x57),
+                                       _mm512_set1_epi32((int)s13[1]));
         }
         __m256i sumi = sum16x8(s);
         /* the min terms: row i's eight mins (int16) against the eight 32-element sums of x */
+        const __m512i zero = _mm512_setzero_si512();
         __m512i pairs = _mm512_broadcast_i32x4(q8k_pairs(xq));
-        __m512i m03 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                          _mm512_unpackhi_epi8(sm[0], _mm512_setzero_si512()), pairs);
-        __m512i m47 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                          _mm512_unpackhi_epi8(sm[1], _mm512_setzero_si512()), pairs);
+        __m512i m03 = _mm512_dpwssd_epi32(zero, _mm512_unpackhi_epi8(sm[0], zero), pairs);
+        __m512i m47 = _mm512_dpwssd_epi32(zero, _mm512_unpackhi_epi8(sm[1], zero), pairs);
         m03 = _mm512_add_epi32(m03, _mm512_shuffle_epi32(m03, _MM_PERM_BADC));
         m03 = _mm512_add_epi32(m03, _mm512_shuffle_epi32(m03, _MM_PERM_CDAB));
         m47 = _mm512_add_epi32(m47, _mm512_shuffle_epi32(m47, _MM_PERM_BADC));
@@ -779,7 +787,8 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
         __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(w + 144 * b), rows, 1);
         __m256 dx = _mm256_set1_ps(q8k_d(xq));
         __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)), dx);
-        __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))), dx);
+        __m128i gmin = _mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16));
+        __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(gmin), dx);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summs), dmin, acc);
     }
@@ -790,13 +799,13 @@ VD_VBMI static void q4_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
  * order (four groups of 16, group k in the 128-bit lane k): ql's nibbles with qh's two bits
  * rotated into place above them. x enters vpdpbusd with -32 times its sums as the start, so each
  * int32 lane holds (q - 32) . x of four elements, which fits an int16, and vpdpwssd weighs the
- * lanes by their group's scale (zero-extended into the low half of each int32). */
+ * lanes by their group's scale (an int16 in the low half of each int32, the high half zero). */
 VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                                     float *y)
 {
     const __m256i rows = row_offsets(rb);
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    const __m512i hi4 = _mm512_set1_epi64(0x1020408000000000LL), one = _mm512_set1_epi8(1);
+    const __m512i one = _mm512_set1_epi8(1);
     /* qh's bits 2g, 2g + 1 to bits 4, 5: rotations of each 64 bits, g = 0, 1 (below) and 2, 3 */
     const __m512i rot01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
     const __m512i rot23 = _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62);
@@ -821,17 +830,18 @@ VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
             _mm_prefetch((const char *)(p + 8 * rb + 64), _MM_HINT_T1);
             _mm_prefetch((const char *)(p + 8 * rb + 128), _MM_HINT_T1);
             _mm_prefetch((const char *)(p + 8 * rb + 192), _MM_HINT_T1);
-            __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192))),
-                                          _mm512_set1_epi32(0xffff));
+            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)));
+            sc = _mm512_and_si512(sc, _mm512_set1_epi32(0xffff));
             __m512i v = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++) {
                 __m512i l = _mm512_loadu_si512(p + 64 * h);
-                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)));
+                __m512i qh =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)));
                 /* elements 128h.. (groups 8h..8h + 3) and 128h + 64.. */
                 __m512i q0 = _mm512_ternarylogic_epi64(_mm512_rolv_epi64(qh, rot01), m30,
                                                        _mm512_and_si512(l, m4), 0xea);
                 __m512i q1 = _mm512_ternarylogic_epi64(_mm512_rolv_epi64(qh, rot23), m30,
-                                                       _mm512_gf2p8affine_epi64_epi8(l, hi4, 0), 0xea);
+                                                       hi_nibbles(l), 0xea);
                 v = _mm512_dpwssd_epi32(v, _mm512_dpbusd_epi32(x32[2 * h], q0, x[2 * h]),
                                         _mm512_permutexvar_epi32(grp[2 * h], sc));
                 v = _mm512_dpwssd_epi32(v, _mm512_dpbusd_epi32(x32[2 * h + 1], q1, x[2 * h + 1]),
