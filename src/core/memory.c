@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/load.h"
 #include "devices/devices.h"
 
 /* A pooled buffer of SIZE serves a request of NEED when it is at most 1/8 (+8 KiB) larger. */
@@ -264,6 +265,22 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* The bytes of DEV's budget a copy of T takes: its block's size while it holds one, else what a
+ * load reserves for it, from 2 MiB up in whole 2 MiB pages as reserve rounds it where it stitches
+ * pooled pages (an upper bound elsewhere). Measured as the kinds' used bytes are, so that a dense
+ * kind holding its whole pass is not over its share. */
+static uint64_t copy_bytes(const ferry *f, const ferry_tensor *t, int dev)
+{
+    if (t->comp.state != FERRY__EMPTY && t->comp.mem.size)
+        return t->comp.mem.size;
+    uint64_t b = ferry__host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
+                                          : ferry__dev_alloc_size(t);
+    const uint64_t huge = UINT64_C(2) << 20;
+    if (b >= huge && b <= UINT64_MAX - huge)
+        b = (b + huge - 1) & ~(huge - 1);
+    return b;
+}
+
 /* The bytes of DEV's budget the recorded pass's tensors (none of them slices) take: the dense
  * kind's working set as the schedule knows it (while recording, the part recorded so far). */
 static uint64_t dense_pass_bytes(const ferry *f, int dev)
@@ -274,7 +291,7 @@ static uint64_t dense_pass_bytes(const ferry *f, int dev)
         const ferry_tensor *t = id < f->n_all ? f->all[id] : NULL;
         if (t && !ferry__expert_unit(f, t) && t->comp.dev == dev && !t->comp.mapped &&
             !t->zero_copy && !t->lazy)
-            sum += t->out_bytes;
+            sum += copy_bytes(f, t, dev);
     }
     return sum;
 }
