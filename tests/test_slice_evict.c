@@ -5,7 +5,9 @@
  * expert policy (FERRY_SLICE_EVICT_EXPERT) reads fewer bytes per token than the cyclic one
  * (FERRY_SLICE_EVICT_CYCLIC) on the same trace; every prepare works under the budget (dense
  * tensors never starved), bytes are right and the budget is never exceeded, with either policy,
- * also under a budget that barely holds one layer's sets.
+ * also under a budget that barely holds one layer's sets. And where the budget holds every dense
+ * tensor in the 2 MiB pages their copies take, beside some of the experts, no dense tensor is
+ * read twice: the dense kind's share counts its copies as the budget does.
  */
 #include "check.h"
 #include "slice_fixture.h"
@@ -208,6 +210,87 @@ static void test_tight_budget(const uint32_t trace[TOKENS][LAYERS][K])
     }
 }
 
+/* Dense tensors whose copies take more than their bytes (2.3 MiB rows, each copy in two 2 MiB
+ * pages) and experts: with a budget of the dense copies' pages and about a third of the experts,
+ * after the first tokens no token reads a dense tensor again (a token's experts are 16 x 64 KiB
+ * at most, a dense tensor 2.3 MiB). */
+static void test_dense_kept_in_pages(const uint32_t trace[TOKENS][LAYERS][K], const char *dir)
+{
+    char path[1300];
+    snprintf(path, sizeof path, "%s/pages.gguf", dir);
+    fixture_tensor ts[LAYERS * (KINDS + 1) + 1];
+    size_t n = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        snprintf(ts[n].name, sizeof ts[n].name, "blk.%d.attn_q.weight", l);
+        ts[n].dtype = FERRY_DTYPE_F32;
+        ts[n].ndim = 2;
+        ts[n].shape[0] = 600; /* 600 x 1000 f32: 2.29 MiB */
+        ts[n].shape[1] = 1000;
+        ts[n].shape[2] = ts[n].shape[3] = 0;
+        n++;
+        for (int k = 0; k < KINDS; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, k ? "down" : "up");
+            set_tensor(&ts[n++], name, 3, SLICE_EXPERTS);
+        }
+    }
+    ts[n] = ts[0];
+    snprintf(ts[n].name, sizeof ts[n].name, "output.weight");
+    n++;
+    CHECK_EQ_INT(fixture_write(path, FERRY_FORMAT_GGUF, ts, n), 0);
+    const uint64_t dense_bytes = 600u * 1000u * 4u, page = 2u << 20, expert = 64u << 10;
+    uint64_t budget = (LAYERS + 1) * 2 * page + LAYERS * KINDS * SLICE_EXPERTS * expert / 3;
+    ferry_options o = {.host_budget = budget};
+    ferry *f = ferry_create(&o);
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .experts = 1};
+    CHECK_EQ_INT(ferry_open(f, path, NULL), 0);
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    ferry_tensor *dense[LAYERS + 1], *exps[LAYERS][KINDS][SLICE_EXPERTS];
+    for (int l = 0; l < LAYERS; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l);
+        CHECK((dense[l] = ferry_find(f, name)) != NULL);
+        for (int k = 0; k < KINDS; k++) {
+            snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, k ? "down" : "up");
+            ferry_tensor *t = ferry_find(f, name);
+            CHECK(t != NULL);
+            for (int e = 0; e < SLICE_EXPERTS && t; e++)
+                CHECK_EQ_INT(ferry_slice(f, t, (uint64_t)e, 1, &exps[l][k][e]), 0);
+        }
+    }
+    CHECK((dense[LAYERS] = ferry_find(f, "output.weight")) != NULL);
+    uint64_t most = 0;
+    for (int t = 0; t < TOKENS && check_failed == 0; t++) {
+        ferry_stats s0, s1;
+        ferry_get_stats(f, &s0);
+        for (int l = 0; l <= LAYERS; l++) {
+            CHECK_EQ_INT(ferry_prepare(f, &dense[l], 1), 0);
+            ferry_release(f, &dense[l], 1);
+            if (l == LAYERS)
+                break;
+            ferry_tensor *set[KINDS * K];
+            size_t m = 0;
+            for (int k = 0; k < KINDS; k++)
+                for (int j = 0; j < K; j++)
+                    set[m++] = exps[l][k][trace[t][l][j]];
+            CHECK_EQ_INT(ferry_prepare(f, set, m), 0);
+            ferry_release(f, set, m);
+        }
+        ferry_get_stats(f, &s1);
+        uint64_t read = s1.bytes_read - s0.bytes_read;
+        if (t >= 2 && read > most)
+            most = read;
+    }
+    fprintf(stderr, "dense in pages: most bytes a token reads after the first two %llu (a dense "
+            "tensor %llu)\n", (unsigned long long)most, (unsigned long long)dense_bytes);
+    CHECK(most < dense_bytes);
+    ferry_destroy(f);
+    remove(path);
+}
+
 int main(void)
 {
     const char *dir = check_tmpdir("slice_evict");
@@ -219,6 +302,7 @@ int main(void)
     make_trace(trace);
     test_expert_reads_less(trace);
     test_tight_budget(trace);
+    test_dense_kept_in_pages(trace, dir);
     check_rmdir(dir);
     return check_finish();
 }
