@@ -108,13 +108,14 @@ static void check_vector(ferry_dtype t, const float *x, const uint8_t *xq, uint6
 
 int main(void)
 {
-    enum { ROWS = 11, MAXC = 2048 + 256 }; /* eight rows at a time, then three alone */
+    enum { ROWS = 11, MAXC = 16384 + 256 }; /* eight rows at a time, then three alone */
     static const ferry_dtype types[] = {FERRY_DTYPE_F32,  FERRY_DTYPE_F16,  FERRY_DTYPE_BF16,
                                         FERRY_DTYPE_Q8_0, FERRY_DTYPE_Q4_0, FERRY_DTYPE_Q4_K,
                                         FERRY_DTYPE_Q5_K, FERRY_DTYPE_Q6_K};
     static uint8_t w[ROWS * MAXC * 4], xq[MAXC * 4 + 64];
     static float x[MAXC], tmp[MAXC], wd[MAXC], xd[MAXC], y[ROWS], y2[ROWS];
-    const uint64_t lens[] = {256, 512, 2048 + 256};
+    /* the longest beyond what the q4_0 kernel prepares its vector for on the stack */
+    const uint64_t lens[] = {256, 512, 2048 + 256, 16384 + 256};
     /* the kernel sets: the best this CPU has, AVX-512 without VBMI, AVX2, portable (a cap above
      * the CPU's is no cap) */
     const int caps[] = {-1, FERRY__ISA_AVX512, FERRY__ISA_AVX2, FERRY__ISA_GENERIC};

@@ -564,13 +564,46 @@ static const uint8_t q4_0_xd[64] = {
  * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
  * four blocks' sums of a row, four int32 lanes per block, and sum4x4 reduces four rows at once.
  * Blocks past the last multiple of four go through q4_0_block8. */
-VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
-                                    float *y)
+/* The q8_0 vector as q4_0_rows8_vbmi takes it, for each step of four blocks: its low and high
+ * halves in the order of the unpacked nibbles, its four scales, and -8 * its sums (where each
+ * row's sums start). */
+typedef struct q4_0_xstep {
+    __m512i lo, hi, d, c8;
+} q4_0_xstep;
+
+VD_VBMI static inline q4_0_xstep q4_0_x4(const uint8_t *xq)
 {
-    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i ixlo = _mm512_loadu_si512(q4_0_xlo), ixhi = _mm512_loadu_si512(q4_0_xhi);
+    const __m512i ixd = _mm512_loadu_si512(q4_0_xd), one = _mm512_set1_epi8(1);
+    q4_0_xstep v;
+    __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
+    v.lo = _mm512_permutex2var_epi8(x0, ixlo, x1);
+    v.hi = _mm512_permutex2var_epi8(_mm512_loadu_si512(xq + 16), ixhi,
+                                    _mm512_loadu_si512(xq + 72));
+    v.d = _mm512_permutex2var_epi8(x0, ixd, x1);
+    /* (q - 8) . x = q . x - 8 * sum(x): each row's sums start from -8 * x's, spread over the
+     * four lanes that the reduction adds */
+    __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), one, v.lo);
+    sx = _mm512_dpbusd_epi32(sx, one, v.hi);
+    v.c8 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, 3));
+    return v;
+}
+
+/* The steps of four blocks of the N-element vector XQ into XS (N / 128 of them), once for all
+ * the row groups of a product. */
+VD_VBMI static void q4_0_prepare_x(const uint8_t *xq, uint64_t n, q4_0_xstep *xs)
+{
+    for (uint64_t i = 0; i < n / 128; i++)
+        xs[i] = q4_0_x4(xq + i * 4 * 34);
+}
+
+/* Eight rows; XS: the vector's steps from q4_0_prepare_x, or NULL to form them here. */
+VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8_t *xq,
+                                      uint64_t n, float *y, const q4_0_xstep *xs)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i top8 = _mm512_setr_epi64(0, 0, 0, 0, 0, 0, 0, -1);
-    const __m512i nib = _mm512_loadu_si512(q4_0_nib), ixlo = _mm512_loadu_si512(q4_0_xlo);
-    const __m512i ixhi = _mm512_loadu_si512(q4_0_xhi), ixd = _mm512_loadu_si512(q4_0_xd);
+    const __m512i nib = _mm512_loadu_si512(q4_0_nib);
     /* the scales' offsets: lane i, row i % 8's block i / 8 (of two) */
     const __m512i sc01 = _mm512_add_epi32(
         _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
@@ -587,16 +620,8 @@ VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
     __m256 acc = _mm256_setzero_ps();
     uint64_t b = 0;
     for (; b + 4 <= nb; b += 4, xq += 4 * 34) {
-        __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
-        __m512i xlo = _mm512_permutex2var_epi8(x0, ixlo, x1);
-        __m512i xhi = _mm512_permutex2var_epi8(_mm512_loadu_si512(xq + 16), ixhi,
-                                               _mm512_loadu_si512(xq + 72));
-        __m512i xd = _mm512_permutex2var_epi8(x0, ixd, x1);
-        /* (q - 8) . x = q . x - 8 * sum(x): each row's sums start from -8 * x's, spread over the
-         * four lanes that the reduction below adds */
-        __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), one, xlo);
-        sx = _mm512_dpbusd_epi32(sx, one, xhi);
-        __m512i c8 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, 3));
+        const q4_0_xstep v = xs ? xs[b / 4] : q4_0_x4(xq);
+        const __m512i xlo = v.lo, xhi = v.hi, xd = v.d, c8 = v.c8;
         __m512i s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
@@ -634,6 +659,28 @@ VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
     for (; b < nb; b++, xq += 34)
         acc = q4_0_block8(w, rb, rows, xq, b, acc);
     _mm256_storeu_ps(y, acc);
+}
+
+VD_VBMI static void q4_0_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
+                                    float *y)
+{
+    q4_0_rows8_vbmi_x(w, rb, xq, n, y, NULL);
+}
+
+/* The rows of a q4_0 product in groups of eight, the vector's steps formed once on
+ * the stack (rows of up to Q4_0_XSTEPS_MAX * 128 elements); returns the rows done. */
+#define Q4_0_XSTEPS_MAX 128
+VD_VBMI static uint64_t q4_0_rows_vbmi(const uint8_t *w, uint64_t rb, uint64_t rows,
+                                       const uint8_t *xq, uint64_t n, float *y)
+{
+    if (rows < 8 || n / 128 > Q4_0_XSTEPS_MAX)
+        return 0;
+    q4_0_xstep xs[Q4_0_XSTEPS_MAX];
+    q4_0_prepare_x(xq, n, xs);
+    uint64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        q4_0_rows8_vbmi_x(w + r * rb, rb, xq, n, y + r, xs);
+    return r;
 }
 
 VD_VNNI static void q4_k_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
@@ -921,6 +968,8 @@ int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, c
     uint64_t r = 0;
 #ifdef VD_X86
     rows8_kernel k8 = pick_rows8(t, row_bytes);
+    if (k8 == q4_0_rows8_vbmi)
+        r = q4_0_rows_vbmi(p, row_bytes, rows, xq, cols, y);
     for (; k8 && r + 8 <= rows; r += 8)
         k8(p + r * row_bytes, row_bytes, xq, cols, y + r);
 #endif

@@ -279,7 +279,7 @@ static void *compute_main(void *arg)
     return NULL;
 }
 
-/* Rows of a piece: about 256 KiB of weights. */
+/* Rows of a piece: about 256 KiB of weights, in whole groups of 8 rows. */
 #define COMPUTE_PIECE_BYTES (UINT64_C(256) << 10)
 
 /* One decode pass over the tensors of SETS (already prepared on the cpu): y = W.x for every
@@ -301,7 +301,9 @@ static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
                     ferry_dtype_nbytes(t, info.row_elems, &rb) ||
                     !(xq = compute_vec_for(b, t, info.row_elems)))
                     continue; /* a vector, an empty weight or an unreadable type: no product */
-                uint64_t step = rb >= COMPUTE_PIECE_BYTES ? 1 : COMPUTE_PIECE_BYTES / rb;
+                /* a multiple of 8 rows, as an engine cuts its chunks: the eight-row kernels
+                 * take every row of a piece but a weight's last few */
+                uint64_t step = rb >= COMPUTE_PIECE_BYTES / 8 ? 8 : COMPUTE_PIECE_BYTES / rb / 8 * 8;
                 for (uint64_t r = 0; r < info.n_rows; r += step, k++)
                     if (!count)
                         b->units[k] = (compute_unit){
