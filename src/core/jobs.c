@@ -47,7 +47,9 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 
 /* ---- jobs ------------------------------------------------------------------------------------- */
 
-
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                       const ferry_tensor *t)
@@ -67,6 +69,10 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                            ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;
     c->ptr = (unsigned char *)p + head;
+    /* fresh host memory faulted in before the read fills it: O_DIRECT into pages not yet there
+     * faults them one by one in the middle of the I/O */
+    if (ferry__host_side(f, c->dev) && c->mem.size >= FERRY__CPU_MAP_MIN)
+        (void)madvise(p, (size_t)c->mem.size, MADV_POPULATE_WRITE);
     return 0;
 }
 
