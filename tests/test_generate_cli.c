@@ -4,7 +4,8 @@
  * tokens and bit-identical logits whatever the placement (resident, home disk under a host
  * budget, lazy, direct reads), the thread count and the prompt batch, and a clear error with the right exit status
  * for every bad input; for a mixture of experts the routing trace and counts it promises, the
- * same bits whatever the batch and the placement. The numbers themselves are checked against
+ * same bits whatever the batch and the placement; --trace writes a timeline of the reads and of
+ * every evaluation, and never over the model. The numbers themselves are checked against
  * numpy by generate_numpy.py.
  */
 #include <string.h>
@@ -186,6 +187,29 @@ int main(void)
                          bad_min[i]), 2);
         CHECK(strstr(err_text, "--lookahead-min") != NULL);
     }
+    /* --trace: a Chrome-trace timeline with the reads of a home-disk run and one event per
+     * evaluation (the 3-token prompt in one batch, then 4 tokens); never over the model */
+    char timeline[1300];
+    snprintf(timeline, sizeof timeline, "%s/timeline.json", tmp);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,7,42 -n 5 --home disk --trace '%s'", model,
+                     timeline), 0);
+    size_t tl_len = 0;
+    char *tl = slurp(timeline, &tl_len);
+    CHECK(tl && strstr(tl, "\"traceEvents\"") && strstr(tl, "\"read blk.0.attn_q.weight\""));
+    int n_prompt = 0, n_token = 0;
+    for (const char *q = tl; q && (q = strstr(q, "\"name\":\"")) != NULL; q++) {
+        n_prompt += strncmp(q + 8, "prompt\"", 7) == 0;
+        n_token += strncmp(q + 8, "token\"", 6) == 0;
+    }
+    CHECK_EQ_INT(n_prompt, 1);
+    CHECK_EQ_INT(n_token, 4);
+    free(tl);
+    struct stat before, after;
+    CHECK_EQ_INT(stat(model, &before), 0);
+    CHECK_EQ_INT(run("generate '%s' --tokens 1 -n 2 --trace '%s'", model, model), 2);
+    CHECK(strstr(err_text, "--trace") != NULL);
+    CHECK_EQ_INT(stat(model, &after), 0);
+    CHECK(before.st_size == after.st_size && before.st_mtime == after.st_mtime);
     CHECK_EQ_INT(run("generate '%s' --tokens 1 --trace-routing '%s'", model, trace), 2);
     CHECK(strstr(err_text, "mixture of experts") != NULL);
     CHECK_EQ_INT(run("gen -q -o '%s/x.gguf' --experts 4", tmp), 2);

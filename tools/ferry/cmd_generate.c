@@ -122,6 +122,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "  --trace-routing FILE   mixture-of-experts models: one line per evaluated position\n"
         "                         (the prompt's, then each generated token's but the last),\n"
         "                         the experts each layer used, ascending: L0:3,7 L1:0,5 ...\n"
+        "  --trace FILE           write a Chrome-trace timeline (Perfetto, chrome://tracing) of\n"
+        "                         the reads, copies and waits, and of each evaluation\n"
         "  --lookahead on|off     mixture-of-experts models: prefetch the experts predicted for\n"
         "                         the next layer while a layer computes, as guesses that evict\n"
         "                         only experts the expert policy values less (default off)\n"
@@ -136,9 +138,9 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "%s";
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
                *logits_path = NULL, *batch_s = NULL, *trace_path = NULL, *lookahead_s = NULL,
-               *lookahead_min_s = NULL;
+               *lookahead_min_s = NULL, *timeline = NULL;
     int json = 0;
-    cli_opt opts[16];
+    cli_opt opts[17];
     size_t no = 0;
     opts[no++] = (cli_opt){"tokens", 0, CLI_OPT_STRING, &tokens_s};
     opts[no++] = (cli_opt){"prompt", 'p', CLI_OPT_STRING, &prompt};
@@ -148,6 +150,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     opts[no++] = (cli_opt){"batch", 0, CLI_OPT_STRING, &batch_s};
     opts[no++] = (cli_opt){"logits", 0, CLI_OPT_STRING, &logits_path};
     opts[no++] = (cli_opt){"trace-routing", 0, CLI_OPT_STRING, &trace_path};
+    opts[no++] = (cli_opt){"trace", 0, CLI_OPT_STRING, &timeline};
     opts[no++] = (cli_opt){"lookahead", 0, CLI_OPT_STRING, &lookahead_s};
     opts[no++] = (cli_opt){"lookahead-min", 0, CLI_OPT_STRING, &lookahead_min_s};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
@@ -209,6 +212,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     FILE *lf = NULL, *tf = NULL;
     char *logits_real = NULL; /* the file --logits writes: the path, or the target of its link */
     char *trace_real = NULL;
+    char *timeline_real = NULL; /* the file --trace writes */
+    int tracing = 0;
     uint32_t *gen = NULL;
     float *rows = NULL;
     tokenizer *tok = tokenizer_create(ferry_catalog_of(f), err, sizeof err);
@@ -289,6 +294,16 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_error("%s: cannot create", trace_path);
         goto out;
     }
+    if (timeline && (rc = runopts_check_output(rp, "generate", "--trace", timeline, f,
+                                               &timeline_real)) != 0)
+        goto out;
+    if (timeline) {
+        if (ferry_trace_start(f, timeline_real)) {
+            rc = cli_error("%s", ferry_errmsg(f));
+            goto out;
+        }
+        tracing = 1;
+    }
     gen = malloc(n_gen * sizeof *gen);
     if (!gen) {
         rc = cli_error("out of memory");
@@ -309,13 +324,15 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         uint32_t one = i < (uint64_t)np ? 0 : next;
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
-        double t0 = cli_now();
+        double t0 = cli_now(), f0 = ferry_now();
         if (llama_forward_batch(m, i < (uint64_t)np ? prompt_ids + i : &one, k, (uint32_t)i, rows,
                                 err, sizeof err)) {
             rc = cli_fail(argv[1], err, -1);
             goto out;
         }
         double t1 = cli_now();
+        if (tracing)
+            ferry_trace_event(f, i < (uint64_t)np ? "prompt" : "token", "compute", f0, ferry_now());
         ferry_get_stats(f, &s1);
         all_bytes += s1.bytes_read - s0.bytes_read;
         if (i >= (uint64_t)np) {
@@ -449,10 +466,13 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
                    (unsigned long long)route_hits, (unsigned long long)route_preds);
     }
 out:
+    if (tracing && ferry_trace_stop(f) && rc == CLI_EXIT_OK)
+        rc = cli_error("%s", ferry_errmsg(f));
     if (lf)
         fclose(lf);
     if (tf)
         fclose(tf);
+    free(timeline_real);
     free(logits_real);
     free(trace_real);
     free(gen);
