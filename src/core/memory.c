@@ -265,9 +265,18 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* The size of a block reserve stitches from pooled pages for a request of SIZE (below 2^64 - 4
+ * KiB): what the cpu device maps anyway, and from 2 MiB up whole 2 MiB pages, so that every
+ * pooled block is a run of them and stitching moves huge pages whole instead of splitting them. */
+static uint64_t stitched_size(uint64_t size)
+{
+    const uint64_t huge = UINT64_C(2) << 20;
+    uint64_t unit = size >= huge && size <= UINT64_MAX - huge ? huge : 4096;
+    return (size + unit - 1) & ~(unit - 1);
+}
+
 /* The bytes of DEV's budget a copy of T takes: its block's size while it holds one, else what a
- * load reserves for it, from 2 MiB up in whole 2 MiB pages as reserve rounds it where it stitches
- * pooled pages (an upper bound elsewhere). Measured as the kinds' used bytes are, so that a dense
+ * load reserves for it, sized as reserve stitches it (an upper bound where it does not stitch). Measured as the kinds' used bytes are, so that a dense
  * kind holding its whole pass is not over its share. */
 static uint64_t copy_bytes(const ferry *f, const ferry_tensor *t, int dev)
 {
@@ -275,10 +284,7 @@ static uint64_t copy_bytes(const ferry *f, const ferry_tensor *t, int dev)
         return t->comp.mem.size;
     uint64_t b = ferry__host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
                                           : ferry__dev_alloc_size(t);
-    const uint64_t huge = UINT64_C(2) << 20;
-    if (b >= huge && b <= UINT64_MAX - huge)
-        b = (b + huge - 1) & ~(huge - 1);
-    return b;
+    return b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
 }
 
 /* The bytes of DEV's budget the recorded pass's tensors (none of them slices) take: the dense
@@ -544,14 +550,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     out->size = 0;
     int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
                  ferry__device_has_reuse(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
-    if (stitch) {
-        /* what the cpu device maps anyway; from 2 MiB up whole 2 MiB pages, so that every pooled
-         * block is a run of them and stitching moves huge pages whole instead of splitting them
-         * (after a few passes most of a budget of 4 KiB-granular blocks was small pages) */
-        const uint64_t huge = UINT64_C(2) << 20;
-        uint64_t unit = size >= huge && size <= UINT64_MAX - huge ? huge : 4096;
-        size = (size + unit - 1) & ~(unit - 1);
-    }
+    if (stitch) /* whole huge pages: 4 KiB-granular blocks cut and joined would split them */
+        size = stitched_size(size);
     else if (use_pool && pool_take(f, dev, size, out))
         return 0;
     if (D->budget && size > D->budget)
