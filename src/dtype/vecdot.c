@@ -558,12 +558,6 @@ static const uint8_t q4_0_xd[64] = {
     68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,  68,  69,
     102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103};
 
-/* Four q4_0 blocks of eight rows a step. Each row's 72 bytes come in with one 64-byte load and
- * one 8-byte broadcast; vpermb moves the four blocks' nibble bytes together, and x is permuted
- * once per step to match: bytes 16k.. pair block k's low nibbles with its elements 0..15 and its
- * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
- * four blocks' sums of a row, four int32 lanes per block, and sum4x4 reduces four rows at once.
- * Blocks past the last multiple of four go through q4_0_block8. */
 /* The q8_0 vector as q4_0_rows8_vbmi takes it, for each step of four blocks: its low and high
  * halves in the order of the unpacked nibbles, its four scales, and -8 * its sums (where each
  * row's sums start). */
@@ -597,7 +591,13 @@ VD_VBMI static void q4_0_prepare_x(const uint8_t *xq, uint64_t n, q4_0_xstep *xs
         xs[i] = q4_0_x4(xq + i * 4 * 34);
 }
 
-/* Eight rows; XS: the vector's steps from q4_0_prepare_x, or NULL to form them here. */
+/* Four q4_0 blocks of eight rows a step. Each row's 72 bytes come in with one 64-byte load and
+ * one 8-byte broadcast; vpermb moves the four blocks' nibble bytes together, and x is permuted
+ * to match (q4_0_x4): bytes 16k.. pair block k's low nibbles with its elements 0..15 and its
+ * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
+ * four blocks' sums of a row, four int32 lanes per block, and sum4x4 reduces four rows at once.
+ * Blocks past the last multiple of four go through q4_0_block8. XS: the vector's steps from
+ * q4_0_prepare_x, or NULL to form them here. */
 VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8_t *xq,
                                       uint64_t n, float *y, const q4_0_xstep *xs)
 {
@@ -968,7 +968,7 @@ int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, c
     uint64_t r = 0;
 #ifdef VD_X86
     rows8_kernel k8 = pick_rows8(t, row_bytes);
-    if (k8 == q4_0_rows8_vbmi)
+    if (k8 == q4_0_rows8_vbmi) /* its vector's steps formed once for every group of rows */
         r = q4_0_rows_vbmi(p, row_bytes, rows, xq, cols, y);
     for (; k8 && r + 8 <= rows; r += 8)
         k8(p + r * row_bytes, row_bytes, xq, cols, y + r);
