@@ -47,10 +47,6 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 
 /* ---- jobs ------------------------------------------------------------------------------------- */
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
-
 static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                       const ferry_tensor *t)
 {
@@ -69,10 +65,17 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                            ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;
     c->ptr = (unsigned char *)p + head;
-    /* fresh host memory faulted in before the read fills it: O_DIRECT into pages not yet there
-     * faults them one by one in the middle of the I/O */
-    if (ferry__host_side(f, c->dev) && c->mem.size >= FERRY__CPU_MAP_MIN)
-        (void)madvise(p, (size_t)c->mem.size, MADV_POPULATE_WRITE);
+    /* Fresh host memory is faulted in before the read fills it: O_DIRECT into pages not yet there
+     * faults them one by one in the middle of the I/O. The pages are written, not populated with
+     * madvise: MADV_POPULATE_WRITE holds the process's mmap lock for the whole range, and every
+     * other loader's mmap, and the reads queued behind that, would wait for it, while a write
+     * fault holds a lock for one page (on Linux 6.4 and later, only its own mapping's). Nothing
+     * reads the block before the read fills it, so the zeros written cost nothing. */
+    if (ferry__host_side(f, c->dev) && c->mem.size >= FERRY__CPU_MAP_MIN) {
+        volatile unsigned char *q = p;
+        for (uint64_t off = 0; off < c->mem.size; off += 4096)
+            q[off] = 0;
+    }
     return 0;
 }
 
