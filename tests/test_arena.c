@@ -30,6 +30,7 @@
 
 #include "check.h"
 #include "core/core.h"
+#include "devices/devices.h"
 #include "model_fixture.h"
 
 #define MIB (UINT64_C(1) << 20)
@@ -1591,6 +1592,119 @@ static void test_adapter_during_arena_read(void)
     free(file), free(ref);
 }
 
+/* Writes the two page-reporting parameters under ROOT (NULL values: the files are removed). */
+static void fake_reporting(const char *root, const char *order, const char *reported)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/module", root);
+    mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/module/page_reporting", root);
+    mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/module/page_reporting/parameters", root);
+    mkdir(path, 0700);
+    const char *names[2] = {"page_reporting_order", "reported_kib"}, *values[2] = {order, reported};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/module/page_reporting/parameters/%s", root, names[i]);
+        if (!values[i]) {
+            unlink(path);
+            continue;
+        }
+        FILE *fp = fopen(path, "w");
+        CHECK(fp != NULL);
+        if (fp) {
+            fprintf(fp, "%s\n", values[i]);
+            fclose(fp);
+        }
+    }
+}
+
+/* Whether a mapping overlapping [LO, HI) in /proc/self/smaps has VmFlags FLAG ("hg": advised
+ * MADV_HUGEPAGE). -1 when smaps cannot be read. */
+static int vmflag_in(uintptr_t lo, uintptr_t hi, const char *flag)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[1200];
+    int inside = 0, found = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = a < hi && b > lo;
+            continue;
+        }
+        if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            for (char *q = strstr(line, want); q; q = strstr(q + 1, want))
+                if (q[3] == ' ' || q[3] == '\n')
+                    found = 1;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+/* Where the kernel reports free huge-page-sized blocks to a hypervisor (free page reporting), a
+ * fresh huge page is one the host took back, and faults in several times slower than small
+ * pages: a group load's arena then asks for no huge pages. The platform's answer comes from
+ * /sys/module/page_reporting ($FERRY_SYSFS_ROOT in this test); the arena's advice shows in the
+ * VmFlags of its mapping. */
+static void test_huge_pages_dear(void)
+{
+    if (!big_model())
+        return;
+    char root[1300];
+    snprintf(root, sizeof root, "%s.sys", g_big);
+    mkdir(root, 0700);
+    setenv("FERRY_SYSFS_ROOT", root, 1);
+    CHECK_EQ_INT(ferry__host_huge_pages_dear(), 0); /* no page_reporting module */
+    fake_reporting(root, "9", "0");
+    CHECK_EQ_INT(ferry__host_huge_pages_dear(), 0); /* nothing reported yet */
+    fake_reporting(root, "10", "123456");
+    CHECK_EQ_INT(ferry__host_huge_pages_dear(), 0); /* only blocks larger than a huge page */
+    fake_reporting(root, "9", "123456");
+    int dear = ferry__host_huge_pages_dear();
+    CHECK_EQ_INT(dear, sysconf(_SC_PAGESIZE) == 4096 ? 1 : dear);
+
+    for (int want_huge = 0; want_huge <= 1; want_huge++) {
+        if (want_huge)
+            fake_reporting(root, NULL, NULL);
+        ferry *f = ferry_create(NULL);
+        ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_DIRECT};
+        size_t n = 0;
+        ferry_tensor **ts = fixture_open_all(f, g_big, &p, &n);
+        ferry_tensor *emb = ferry_find(f, "token_embd.weight");
+        CHECK(ts && emb);
+        CHECK_EQ_INT(ts ? ferry_load_group(f, "all") : -1, 0);
+        const ferry__arena *a = emb ? emb->comp.mem.arena : NULL;
+        CHECK(a != NULL);
+        if (a && (dear || want_huge)) {
+            int hg = vmflag_in((uintptr_t)a->base, (uintptr_t)a->base + a->len, "hg");
+            if (hg != want_huge)
+                fprintf(stderr, "arena of %.2f MiB, huge pages %s: advised MADV_HUGEPAGE: %d\n",
+                        (double)a->len / (double)MIB, want_huge ? "cheap" : "dear", hg);
+            CHECK_EQ_INT(hg, want_huge);
+        }
+        /* the bytes are the file's either way */
+        CHECK_EQ_INT(ts ? ferry_prepare(f, ts, n) : -1, 0);
+        CHECK_EQ_INT(ts ? count_same(f, ts, n) : 0, n);
+        if (ts)
+            CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+        free(ts);
+        ferry_destroy(f);
+    }
+    unsetenv("FERRY_SYSFS_ROOT");
+    char path[1400];
+    snprintf(path, sizeof path, "%s/module/page_reporting/parameters", root);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/module/page_reporting", root);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/module", root);
+    rmdir(path);
+    rmdir(root);
+}
+
 int main(int argc, char **argv)
 {
     reserved_init();
@@ -1626,7 +1740,8 @@ int main(int argc, char **argv)
                  {"failed_read_pages", test_failed_read_pages},
                  {"budget_holes_resident", test_budget_holes_resident},
                  {"one_shot_then_loop", test_one_shot_then_loop},
-                 {"adapter_during_arena_read", test_adapter_during_arena_read}};
+                 {"adapter_during_arena_read", test_adapter_during_arena_read},
+                 {"huge_pages_dear", test_huge_pages_dear}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]))
             tests[i].fn();

@@ -203,8 +203,9 @@ void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m)
     a->claimed[i] = FERRY__CLAIMED;
 }
 
-void ferry__arena_ranges(ferry__arena *a)
+void ferry__arena_ranges(ferry__arena *a, int huge)
 {
+    (void)huge; /* without MADV_HUGEPAGE */
     a->n_reads = 0;
     uint64_t end = 0;
     for (size_t i = 0; i < a->n; i++) {
@@ -242,7 +243,11 @@ void ferry__arena_ranges(ferry__arena *a)
             q->len = a->file->size - q->offset;
 #ifdef MADV_HUGEPAGE
         /* huge pages only for the 2 MiB blocks a read fills whole: a block that reaches past it
-         * would fault in bytes no copy accounts for */
+         * would fault in bytes no copy accounts for; and none where fresh huge pages are dear
+         * (the copies are read once: the reads' gain from fewer segments is smaller than the
+         * faults' cost there) */
+        if (!huge)
+            continue;
         uintptr_t lo = ((uintptr_t)q->dst + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1);
         uintptr_t hi = ((uintptr_t)q->dst + q->len) & ~(uintptr_t)(ARENA_ALIGN - 1);
         if (hi > lo)

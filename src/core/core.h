@@ -488,8 +488,9 @@ void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena_span_fn s
 /* Points *M, already reserved against the host budget, at ts[i]'s place in A and marks the copy
  * claimed; the copy then holds a reference to the arena. */
 void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m);
-/* Makes A's reads: one per range of claimed tensors whose pages touch. */
-void ferry__arena_ranges(ferry__arena *a);
+/* Makes A's reads: one per range of claimed tensors whose pages touch; with HUGE, the 2 MiB
+ * blocks they fill whole are advised huge pages. */
+void ferry__arena_ranges(ferry__arena *a, int huge);
 /* Makes LIST the load's arenas; with TOUCH, starts the toucher over their reads' destinations
  * (none when the thread cannot start). */
 void ferry__arena_begin(ferry__arena_load *L, ferry__arena *list, int touch);

@@ -377,12 +377,12 @@ static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_onl
         if (!ts[i]->arena) /* else another group load is reading it */
             ts[i]->arena_copy = file_copy(f, ts[i]);
     ferry__arena_plan(ts, n, arena_span, &list);
-    int reads = 0, rc = 0;
+    int reads = 0, rc = 0, huge = list && !ferry__host_huge_pages_dear();
     for (ferry__arena *a = list; a; a = a->next) {
         a->epoch = f->lora.lora_epoch;
         for (size_t i = 0; i < a->n; i++)
             arena_claim(f, a, i);
-        ferry__arena_ranges(a);
+        ferry__arena_ranges(a, huge);
         reads |= a->n_reads > 0;
     }
     ferry__arena_load L;

@@ -163,6 +163,11 @@ typedef struct ferry__host_room {
     uint64_t cg_limit, cg_room;
 } ferry__host_room;
 int ferry__host_room_probe(ferry__host_room *out);
+/* 1 when fresh 2 MiB pages fault in much slower than small ones here: the kernel reports free
+ * blocks of at most a huge page's order to a hypervisor (free page reporting, and it has
+ * reported some), so a huge page taken from the free lists is most often one the host took back.
+ * 0 otherwise, and where it cannot tell. $FERRY_SYSFS_ROOT replaces /sys, for tests. */
+int ferry__host_huge_pages_dear(void);
 
 /* ---- sim test hooks --------------------------------------------------------------------------- */
 

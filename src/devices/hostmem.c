@@ -5,6 +5,11 @@
  * Available memory is MemAvailable from /proc/meminfo, capped by the memory limit of the cgroup
  * the process runs in (v1 or v2, the tightest limit on the path to the root): in a container the
  * machine's free RAM is not what the process may use. The default host budget is made of these.
+ *
+ * Whether fresh huge pages are dear: a virtual machine whose kernel reports free memory to its
+ * host (free page reporting, /sys/module/page_reporting) gives the host back every free block of
+ * the reporting order, and a huge page is such a block: taken again, it faults in at the host's
+ * speed, page by host page, while small pages still come from memory the guest holds.
  */
 #include "devices/devices.h"
 
@@ -249,6 +254,27 @@ int ferry__host_room_probe(ferry__host_room *out)
         out->cg_room = room;
     }
     return ferry__host_mem_info(&out->avail, &out->total);
+}
+
+int ferry__host_huge_pages_dear(void)
+{
+    /* $FERRY_SYSFS_ROOT stands for /sys (tests) */
+    const char *root = getenv("FERRY_SYSFS_ROOT");
+    if (!root || !*root || strlen(root) > 200)
+        root = "/sys";
+    char path[320];
+    uint64_t order = 0, reported = 0;
+    snprintf(path, sizeof path, "%s/module/page_reporting/parameters/page_reporting_order", root);
+    if (read_u64_file(path, &order))
+        return 0;
+    snprintf(path, sizeof path, "%s/module/page_reporting/parameters/reported_kib", root);
+    if (read_u64_file(path, &reported))
+        return 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t huge_order = 0;
+    for (uint64_t n = pg > 0 ? (uint64_t)(2u << 20) / (uint64_t)pg : 512; n > 1; n >>= 1)
+        huge_order++;
+    return reported > 0 && order <= huge_order;
 }
 
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total)
