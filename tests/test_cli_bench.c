@@ -167,6 +167,7 @@ static void test_json(const char *model_path)
     CHECK(fabs(jnum(jget(&doc, "resident_compute_ratio")) - cg / rb) <= 1e-9 * cg / rb);
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
     CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
+    CHECK(jnum(jget(&doc, "settle_seconds")) == 0); /* --quick rests nowhere */
     const ferry__json *st = jget(&doc, "stream");
     CHECK(st && st->type == FERRY__JSON_ARRAY && st->n == 2);
     if (st && st->type == FERRY__JSON_ARRAY && st->n == 2) {

@@ -51,6 +51,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "benchlab.h"
@@ -396,6 +397,20 @@ static double direct_best_read(benchlab *b)
     return secs > 0 ? (double)b->file_bytes / secs / 1e9 : 0;
 }
 
+/* Rest before a measurement that takes fresh memory, holding none: a virtual machine that
+ * reports free memory to its host (free page reporting) hands what the previous step freed back
+ * within seconds, and a program that loads a model at its start finds memory in that state, not
+ * the warm pages a step just freed. */
+static void settle(const benchlab *b)
+{
+    if (b->settle <= 0)
+        return;
+    struct timespec ts = {(time_t)b->settle,
+                          (long)((b->settle - (double)(time_t)b->settle) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 /* The O_DIRECT limit right before a cold load: limit, load, limit, load, as the disk drifts. */
 static int run_direct_before(benchlab *b)
 {
@@ -668,6 +683,8 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
             r->limit[p] = direct_best_read(b);
         if (!device && (rc = drop_files(b)))
             break;
+        if (p == 0)
+            settle(b);
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
         double t0 = ferry_now();
@@ -763,13 +780,17 @@ static int run_once(benchlab *b, size_t run)
         return rc;
     step_done(b);
     for (int k = 0; k < 4; k++) {
-        if ((rc = run_direct_before(b)) || (rc = run_cold(b, (int)((k + run) % 4))))
+        if ((rc = run_direct_before(b)))
+            return rc;
+        settle(b);
+        if ((rc = run_cold(b, (int)((k + run) % 4))))
             return rc;
         step_done(b);
     }
     if ((rc = run_buffered(b, BENCHLAB_BUFFERED)))
         return rc;
     step_done(b);
+    settle(b);
     if ((rc = run_fresh(b)))
         return rc;
     step_done(b);

@@ -286,8 +286,8 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     if (b->streams_only)
         printf("streams only; load average %s before, %s after\n\n", load_before, load_after);
     else
-        printf("%zu run(s), medians; load average %s before, %s after\n\n", b->runs, load_before,
-               load_after);
+        printf("%zu run(s), medians; %.0f s of rest before each cold load and first pass; load "
+               "average %s before, %s after\n\n", b->runs, b->settle, load_before, load_after);
     printf("  %-38s %8s\n", "limits", "GB/s");
     if (b->no_direct) {
         printf("  %-38s %8.3f   (O_DIRECT refused here: a cold buffered read)\n", "disk read",
@@ -550,6 +550,7 @@ static void report_json(benchlab *b)
     U64("tensors", b->n_tensors);
     U64("layers", b->n_layers);
     U64("runs", b->runs);
+    U64("settle_seconds", (uint64_t)b->settle);
     NUM("direct_read_gbps", v[BENCHLAB_DIRECT]);
     NUM("direct_read_sweep_gbps", v[BENCHLAB_DIRECT_SWEEP]);
     U64("direct_read_readers", b->direct_readers);
@@ -653,6 +654,10 @@ int cmd_bench(int argc, char **argv)
         "  --passes N             streamed passes per budget, at least 3 (default 3); the median\n"
         "                         of passes 2..N is judged\n"
         "  --quick                one run, fewer reader counts: a quick look, not a measurement\n"
+        "  --settle SECONDS       rest before each cold load, the fresh-memory test and each\n"
+        "                         stream's first pass, holding no memory, as a program starts\n"
+        "                         (default 4, 0 with --quick): a VM that reports free memory to\n"
+        "                         its host takes back what the step before freed\n"
         "  --device SPEC          also stream with compute on SPEC (sim:SIZE@BW), home host,\n"
         "                         device budget 1/4 of the model: bound (M - B + W) / BW\n"
         "  --split SPEC,SPEC[:WEIGHT]  also stream with the 2-D tensors' rows split over these\n"
@@ -676,7 +681,7 @@ int cmd_bench(int argc, char **argv)
         "streamed passes only (the bounds still count every tensor as streamed):\n"
         "%s";
     const char *runs_s = NULL, *passes_s = NULL, *device = NULL, *split = NULL, *cap = NULL,
-               *stream_io = NULL, *threads_s = NULL;
+               *stream_io = NULL, *threads_s = NULL, *settle_s = NULL;
     int json = 0, quick = 0, quiet = 0, streams_only = 0, cap_only = 0;
     cli_opt opts[] = {
         {"runs", 0, CLI_OPT_STRING, &runs_s},     {"passes", 0, CLI_OPT_STRING, &passes_s},
@@ -685,6 +690,7 @@ int cmd_bench(int argc, char **argv)
         {"split", 0, CLI_OPT_STRING, &split},     {"cap", 0, CLI_OPT_STRING, &cap},
         {"streams", 0, CLI_OPT_FLAG, &streams_only}, {"stream-io", 0, CLI_OPT_STRING, &stream_io},
         {"cap-only", 0, CLI_OPT_FLAG, &cap_only}, {"threads", 0, CLI_OPT_STRING, &threads_s},
+        {"settle", 0, CLI_OPT_STRING, &settle_s},
     };
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
         if (strcmp(argv[i], "--moe") == 0)
@@ -723,6 +729,10 @@ int cmd_bench(int argc, char **argv)
     if (threads_s && cli_arg_u64("bench", "threads", threads_s, 1, BENCHLAB_MAX_THREADS, &threads))
         return CLI_EXIT_USAGE;
     b.threads = (unsigned)threads;
+    uint64_t settle = quick ? 0 : 4;
+    if (settle_s && cli_arg_u64("bench", "settle", settle_s, 0, 60, &settle))
+        return CLI_EXIT_USAGE;
+    b.settle = (double)settle;
     b.runs = (size_t)runs;
     b.passes = (uint32_t)passes;
     if (device) {
