@@ -10,13 +10,19 @@
  * first-touch number, this shows whether the limit or the loader is the odd one out, and which
  * allocation strategy ferry's host buffers should use.
  *
- * usage: touch_probe [--size SIZE] [--runs N]    (default 1GiB, 3; medians printed)
+ * --rest SECONDS sleeps before each measurement, holding no memory: a VM that reports free memory
+ * to its host (free page reporting) takes back what the measurement before freed, and a fresh
+ * huge page is then one the host must give again; without it, each way reuses the pages the one
+ * before freed.
+ *
+ * usage: touch_probe [--size SIZE] [--runs N] [--rest SECONDS]   (default 1GiB, 3, 0; medians)
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry.h"
@@ -102,15 +108,17 @@ static double one(int how, size_t n, long page)
 int main(int argc, char **argv)
 {
     uint64_t size = UINT64_C(1) << 30;
-    unsigned runs = 3;
+    unsigned runs = 3, rest = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             if (ferry_parse_size(argv[++i], &size) || size == 0)
                 return 2;
         } else if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
             runs = (unsigned)strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--rest") && i + 1 < argc) {
+            rest = (unsigned)strtoul(argv[++i], NULL, 10);
         } else {
-            fprintf(stderr, "usage: touch_probe [--size SIZE] [--runs N]\n");
+            fprintf(stderr, "usage: touch_probe [--size SIZE] [--runs N] [--rest SECONDS]\n");
             return 2;
         }
     }
@@ -120,14 +128,19 @@ int main(int argc, char **argv)
     double v[T_COUNT][32];
     /* the ways alternate within each run */
     for (unsigned r = 0; r < runs; r++)
-        for (int k = 0; k < T_COUNT; k++)
+        for (int k = 0; k < T_COUNT; k++) {
+            if (rest) {
+                struct timespec ts = {(time_t)(rest > 60 ? 60 : rest), 0};
+                nanosleep(&ts, NULL);
+            }
             if ((v[k][r] = one(k, (size_t)size, page)) < 0) {
                 fprintf(stderr, "touch_probe: %s failed\n", tname[k]);
                 return 2;
             }
+        }
     char sz[32];
-    printf("touch_probe: %s of fresh anonymous memory, %u run(s)\n",
-           ferry_format_size(size, sz), runs);
+    printf("touch_probe: %s of fresh anonymous memory, %u run(s), %u s of rest before each\n",
+           ferry_format_size(size, sz), runs, rest);
     for (int k = 0; k < T_COUNT; k++) {
         bench_stat s = bench_summarize(v[k], runs);
         printf("  %-22s median %7.3f GB/s   min %7.3f   max %7.3f\n", tname[k], s.median, s.min,

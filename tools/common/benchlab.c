@@ -397,7 +397,8 @@ static double direct_best_read(benchlab *b)
     return secs > 0 ? (double)b->file_bytes / secs / 1e9 : 0;
 }
 
-/* Rest before a measurement that takes fresh memory, holding none: a virtual machine that
+/* Rest before a measurement that takes fresh memory (the loads, the fresh-memory test, a stream's
+ * first pass), holding none: a virtual machine that
  * reports free memory to its host (free page reporting) hands what the previous step freed back
  * within seconds, and a program that loads a model at its start finds memory in that state, not
  * the warm pages a step just freed. */
@@ -797,9 +798,11 @@ static int run_once(benchlab *b, size_t run)
     if ((rc = warm_files(b)) || (rc = run_memcpy(b)) || (rc = run_read(b)))
         return rc;
     step_done(b);
+    settle(b);
     if ((rc = run_load(b, FERRY_LOAD_READ, 0, BENCHLAB_WARM_READ, 1)))
         return rc;
     step_done(b);
+    settle(b);
     if ((rc = run_load(b, FERRY_LOAD_AUTO, 0, BENCHLAB_WARM_AUTO, 0)))
         return rc;
     step_done(b);

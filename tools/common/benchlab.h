@@ -96,8 +96,8 @@ typedef struct benchlab {
     /* options, set by the caller before benchlab_open (zero: none) */
     const char *path;          /* the model */
     int quick;                 /* a shorter O_DIRECT sweep (1 and 4 readers x 16 MiB) */
-    double settle;             /* seconds of rest before each cold load, the fresh-memory test
-                                  and each stream's first pass (0: none) */
+    double settle;             /* seconds of rest before each load, the fresh-memory test and
+                                  each stream's first pass (0: none) */
     size_t runs;               /* 1 .. BENCHLAB_MAX_RUNS */
     uint32_t passes;           /* 3 .. BENCHLAB_MAX_PASSES */
     const char *device;        /* --device spec or NULL */

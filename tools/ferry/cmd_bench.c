@@ -286,7 +286,7 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     if (b->streams_only)
         printf("streams only; load average %s before, %s after\n\n", load_before, load_after);
     else
-        printf("%zu run(s), medians; %.0f s of rest before each cold load and first pass; load "
+        printf("%zu run(s), medians; %.0f s of rest before each load and first pass; load "
                "average %s before, %s after\n\n", b->runs, b->settle, load_before, load_after);
     printf("  %-38s %8s\n", "limits", "GB/s");
     if (b->no_direct) {
@@ -654,7 +654,7 @@ int cmd_bench(int argc, char **argv)
         "  --passes N             streamed passes per budget, at least 3 (default 3); the median\n"
         "                         of passes 2..N is judged\n"
         "  --quick                one run, fewer reader counts: a quick look, not a measurement\n"
-        "  --settle SECONDS       rest before each cold load, the fresh-memory test and each\n"
+        "  --settle SECONDS       rest before each load, the fresh-memory test and each\n"
         "                         stream's first pass, holding no memory, as a program starts\n"
         "                         (default 4, 0 with --quick): a VM that reports free memory to\n"
         "                         its host takes back what the step before freed\n"
