@@ -521,6 +521,16 @@ VD_VBMI static inline __m512i sum4x4(const __m512i s[4])
     return pairs_i64(pairs_i32(s[0], s[1]), pairs_i32(s[2], s[3]));
 }
 
+/* sum4x4 for lanes in [-8192, 8192]: vpackssdw then never saturates, on the lanes nor on their
+ * pairs' sums, and vpmaddwd adds the pairs that it packs side by side. */
+VD_VBMI static inline __m512i sum4x4_small(const __m512i s[4])
+{
+    const __m512i one = _mm512_set1_epi16(1);
+    __m512i a = _mm512_madd_epi16(_mm512_packs_epi32(s[0], s[1]), one);
+    __m512i b = _mm512_madd_epi16(_mm512_packs_epi32(s[2], s[3]), one);
+    return _mm512_madd_epi16(_mm512_packs_epi32(a, b), one);
+}
+
 /* Lane i of the result: the sum of the sixteen int32 lanes of S[i]. */
 VD_VBMI static inline __m256i sum16x8(const __m512i s[8])
 {
@@ -559,10 +569,11 @@ static const uint8_t q4_0_xd[64] = {
     102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103, 102, 103};
 
 /* The q8_0 vector as q4_0_rows8_vbmi takes it, for each step of four blocks: its low and high
- * halves in the order of the unpacked nibbles, its four scales, and -8 * its sums (where each
- * row's sums start). */
+ * halves in the order of the unpacked nibbles, -8 * its sums (where each row's sums start), and
+ * its four scales as floats, each in eight lanes (blocks 0 and 1 in D01, 2 and 3 in D23). */
 typedef struct q4_0_xstep {
-    __m512i lo, hi, d, c8;
+    __m512i lo, hi, c8;
+    __m512 d01, d23;
 } q4_0_xstep;
 
 VD_VBMI static inline q4_0_xstep q4_0_x4(const uint8_t *xq)
@@ -574,7 +585,9 @@ VD_VBMI static inline q4_0_xstep q4_0_x4(const uint8_t *xq)
     v.lo = _mm512_permutex2var_epi8(x0, ixlo, x1);
     v.hi = _mm512_permutex2var_epi8(_mm512_loadu_si512(xq + 16), ixhi,
                                     _mm512_loadu_si512(xq + 72));
-    v.d = _mm512_permutex2var_epi8(x0, ixd, x1);
+    __m512i d = _mm512_permutex2var_epi8(x0, ixd, x1);
+    v.d01 = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+    v.d23 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(d, 1));
     /* (q - 8) . x = q . x - 8 * sum(x): each row's sums start from -8 * x's, spread over the
      * four lanes that the reduction adds */
     __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), one, v.lo);
@@ -595,9 +608,9 @@ VD_VBMI static void q4_0_prepare_x(const uint8_t *xq, uint64_t n, q4_0_xstep *xs
  * one 8-byte broadcast; vpermb moves the four blocks' nibble bytes together, and x is permuted
  * to match (q4_0_x4): bytes 16k.. pair block k's low nibbles with its elements 0..15 and its
  * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
- * four blocks' sums of a row, four int32 lanes per block, and sum4x4 reduces four rows at once.
- * Blocks past the last multiple of four go through q4_0_block8. XS: the vector's steps from
- * q4_0_prepare_x, or NULL to form them here. */
+ * four blocks' sums of a row, four int32 lanes per block, and sum4x4_small reduces four rows
+ * at once. Blocks past the last multiple of four go through q4_0_block8. XS: the vector's steps
+ * from q4_0_prepare_x, or NULL to form them here. */
 VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8_t *xq,
                                       uint64_t n, float *y, const q4_0_xstep *xs)
 {
@@ -621,7 +634,7 @@ VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8
     uint64_t b = 0;
     for (; b + 4 <= nb; b += 4, xq += 4 * 34) {
         const q4_0_xstep v = xs ? xs[b / 4] : q4_0_x4(xq);
-        const __m512i xlo = v.lo, xhi = v.hi, xd = v.d, c8 = v.c8;
+        const __m512i xlo = v.lo, xhi = v.hi, c8 = v.c8;
         __m512i s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
@@ -638,18 +651,17 @@ VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8
                                        hi_nibbles(q), xhi);
         }
         /* lane 4k + i: block k's sum of row i (U0) and of row 4 + i (U1); then block k's eight
-         * rows in the 256-bit half k % 2 of V01 (k < 2) or V23 */
-        __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+         * rows in the 256-bit half k % 2 of V01 (k < 2) or V23. Each lane of S sums eight
+         * (q - 8) * x, q - 8 in [-8, 7] and x in [-128, 127]. */
+        __m512i u0 = sum4x4_small(s), u1 = sum4x4_small(s + 4);
         __m512 v01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk01, u1));
         __m512 v23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk23, u1));
         /* the scale products in the same places */
         __m512i g01 = _mm512_i32gather_epi32(sc01, (const void *)(w + 18 * b), 1);
         __m512i g23 = _mm512_i32gather_epi32(sc23, (const void *)(w + 18 * b), 1);
         __m512i wd = _mm512_permutex2var_epi16(g01, low16, g23);
-        __m512 d01 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(wd)),
-                                   _mm512_cvtph_ps(_mm512_castsi512_si256(xd)));
-        __m512 d23 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(wd, 1)),
-                                   _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xd, 1)));
+        __m512 d01 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(wd)), v.d01);
+        __m512 d23 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(wd, 1)), v.d23);
         acc = _mm256_fmadd_ps(_mm512_castps512_ps256(v01), _mm512_castps512_ps256(d01), acc);
         acc = _mm256_fmadd_ps(_mm512_extractf32x8_ps(v01, 1), _mm512_extractf32x8_ps(d01, 1), acc);
         acc = _mm256_fmadd_ps(_mm512_castps512_ps256(v23), _mm512_castps512_ps256(d23), acc);
