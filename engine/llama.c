@@ -1062,7 +1062,14 @@ static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t e
 
 /* x += sum over token T's experts e of weight_e * W_down_e . (silu(W_gate_e.xb) * W_up_e.xb),
  * xb = rmsnorm(x); the experts prepared. */
-static int moe_block(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
+static void guess_next(llama *m, uint32_t l, uint32_t n);
+
+/* Token T's experts at layer L on its residual stream x. With EV, expert i's W_gate and W_up are
+ * waited for (ferry_prepare_async's events EV[2i] and, for W_down, EV[2i + 1]) just before they
+ * compute, so that an expert computes while the ones after it are still read: the same arithmetic
+ * in the same order either way. *WAITED counts the events waited for that succeeded. */
+static int moe_block(llama *m, uint32_t l, uint32_t t, ferry_event **ev, uint32_t *waited,
+                     char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
     uint32_t k = c->n_expert_used;
@@ -1077,16 +1084,26 @@ static int moe_block(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
         expert_tensor(m, l, EXP_GATE, sel[i], &tg, &fg, &rg);
         expert_tensor(m, l, EXP_UP, sel[i], &tu, &fu, &ru);
         expert_tensor(m, l, EXP_DOWN, sel[i], &td, &fd, &rd);
-        matvec_job j = {.n = 0};
-        if ((rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
-            (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
-            (rc = matvec_run(m, &j, none, err, errlen)))
-            return rc;
-        swiglu(m->hb, m->hb2, c->ff);
-        j.n = 0;
-        if ((rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
-            (rc = matvec_run(m, &j, none, err, errlen)))
-            return rc;
+        for (int part = 0; part < 2; part++) {
+            if (ev && (rc = ferry_event_synchronize(ev[*waited]))) {
+                say(err, errlen, "layer %u, expert %u: %s", l, sel[i], ferry_errmsg(m->f));
+                return rc; /* that set is not held */
+            }
+            if (ev)
+                ++*waited;
+            matvec_job j = {.n = 0};
+            if (part == 0 &&
+                ((rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
+                 (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
+                 (rc = matvec_run(m, &j, none, err, errlen))))
+                return rc;
+            if (part == 0)
+                swiglu(m->hb, m->hb2, c->ff);
+            if (part == 1 &&
+                ((rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
+                 (rc = matvec_run(m, &j, none, err, errlen))))
+                return rc;
+        }
         /* as ggml: each expert's output times its weight, then added in order, best first */
         for (uint32_t d = 0; d < c->dim; d++) {
             float y = m->proj[d] * sw[i];
@@ -1096,6 +1113,43 @@ static int moe_block(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
     for (uint32_t d = 0; d < c->dim; d++)
         m->x[d] += m->moe_acc[d];
     return 0;
+}
+
+/* One token's layer-L experts (m->sel), each expert's W_gate + W_up and its W_down prepared
+ * asynchronously, in the order of the sum, and computed as they come in (moe_block). The
+ * references are taken at once, as one prepare takes them. */
+static int moe_token_async(llama *m, uint32_t l, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    uint32_t k = c->n_expert_used, issued = 0, waited = 0;
+    ferry_event *ev[2 * LLAMA_MAX_EXPERTS];
+    int rc = 0;
+    for (uint32_t i = 0; i < k && !rc; i++) {
+        uint64_t first, rows;
+        for (int kind = 0; kind < EXP_KINDS; kind++)
+            expert_tensor(m, l, kind, m->sel[i], &m->held[3 * i + (uint32_t)kind], &first, &rows);
+        if ((rc = ferry_prepare_async(m->f, &m->held[3 * i], 2, &ev[issued])) == 0 &&
+            ++issued &&
+            (rc = ferry_prepare_async(m->f, &m->held[3 * i + 2], 1, &ev[issued])) == 0)
+            issued++;
+        if (rc)
+            say(err, errlen, "%s", ferry_errmsg(m->f));
+    }
+    if (!rc) {
+        guess_next(m, l, 1);
+        memcpy(m->x, m->xs, c->dim * sizeof *m->x);
+        rc = moe_block(m, l, 0, ev, &waited, err, errlen);
+        memcpy(m->xs, m->x, c->dim * sizeof *m->x);
+    }
+    /* every set whose load succeeded is held: released here; a failed one is not (moe_block
+     * stops at a failed wait without counting it) */
+    for (uint32_t q = 0; q < issued; q++) {
+        int held = q < waited || ferry_event_synchronize(ev[q]) == 0;
+        if (held)
+            ferry_release(m->f, &m->held[3 * (q / 2) + (q % 2 ? 2 : 0)], q % 2 ? 1 : 2);
+        ferry_event_destroy(ev[q]);
+    }
+    return rc;
 }
 
 /* logits = output . rmsnorm(x). */
@@ -1245,10 +1299,12 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     }
     if (rc)
         return rc;
-    uint32_t ids[LLAMA_MAX_EXPERTS], k = 0;
+    uint32_t ids[LLAMA_MAX_EXPERTS] = {0}, k = 0;
     for (uint32_t e = 0; e < c->n_expert; e++)
         if (used[e])
             ids[k++] = e;
+    if (n == 1 && m->layers[l].exp)
+        return moe_token_async(m, l, err, errlen); /* one token: its experts computed as they come */
     if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
         return rc;
     /* the experts predicted for the next layer are read while these compute, not before these
@@ -1257,7 +1313,7 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
-        rc = moe_block(m, l, t, err, errlen);
+        rc = moe_block(m, l, t, NULL, NULL, err, errlen);
         memcpy(xt, m->x, c->dim * sizeof *m->x);
     }
     release_experts(m);
