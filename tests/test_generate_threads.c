@@ -40,5 +40,31 @@ int main(void)
         }
         free(l0);
     }
+
+    char moe[1200], ref[1300], path[1300];
+    snprintf(moe, sizeof moe, "%s/moe.gguf", tmp);
+    snprintf(ref, sizeof ref, "%s/moe_ref.f32", tmp);
+    snprintf(path, sizeof path, "%s/moe_l.f32", tmp);
+    CHECK_EQ_INT(run("gen -q -o '%s' --arch moe --experts 8 --experts-used 2 --layers 2 --dim 64 "
+                     "--ff 128 --vocab 96 --heads 4 --dtype q8_0", moe), 0);
+    CHECK_EQ_INT(run("generate '%s' --tokens 3,1,4 -n 8 --batch 1 --threads 1 --logits '%s'", moe,
+                     ref), 0);
+    size_t n0 = 0, n = 0;
+    char *l0 = slurp(ref, &n0);
+    CHECK(l0 && n0 == (3 + 8 - 1) * 96 * 4);
+    for (int t = 1; t <= 4; t++) {
+        int rc = run("generate '%s' --tokens 3,1,4 -n 8 --threads %d --logits '%s' --home disk "
+                     "--budget host=260KiB", moe, t, path);
+        if (rc)
+            fprintf(stderr, "moe, %d threads: exit %d: %s\n", t, rc, err_text);
+        CHECK_EQ_INT(rc, 0);
+        char *l = slurp(path, &n);
+        int same = l && l0 && n == n0 && memcmp(l, l0, n0) == 0;
+        if (!same)
+            fprintf(stderr, "moe, %d threads: logits differ from the resident run\n", t);
+        CHECK(same);
+        free(l);
+    }
+    free(l0);
     return check_finish();
 }
