@@ -1128,12 +1128,15 @@ static int moe_token_async(llama *m, uint32_t l, char *err, size_t errlen)
         uint64_t first, rows;
         for (int kind = 0; kind < EXP_KINDS; kind++)
             expert_tensor(m, l, kind, m->sel[i], &m->held[3 * i + (uint32_t)kind], &first, &rows);
-        if ((rc = ferry_prepare_async(m->f, &m->held[3 * i], 2, &ev[issued])) == 0 &&
-            ++issued &&
-            (rc = ferry_prepare_async(m->f, &m->held[3 * i + 2], 1, &ev[issued])) == 0)
-            issued++;
-        if (rc)
-            say(err, errlen, "%s", ferry_errmsg(m->f));
+        /* W_gate + W_up, then W_down: two events an expert */
+        for (int part = 0; part < 2 && !rc; part++) {
+            rc = ferry_prepare_async(m->f, &m->held[3 * i + (part ? 2 : 0)], part ? 1 : 2,
+                                     &ev[issued]);
+            if (rc)
+                say(err, errlen, "%s", ferry_errmsg(m->f));
+            else
+                issued++;
+        }
     }
     if (!rc) {
         guess_next(m, l, 1);
