@@ -898,8 +898,8 @@ static void expert_tensor(llama *m, uint32_t l, int kind, uint32_t e, ferry_tens
     *first = (uint64_t)e * *rows;
 }
 
-/* The handles to prepare for experts IDS (K of them, ascending) of layer L, into TS; returns how
- * many: three slices an expert, or the three whole tensors. */
+/* The handles to prepare for experts IDS (K of them) of layer L, into TS; returns how many: three
+ * slices an expert, in the order of IDS, W_gate, W_up, W_down each, or the three whole tensors. */
 static size_t experts_list(llama *m, uint32_t l, const uint32_t *ids, uint32_t k,
                            ferry_tensor **ts)
 {
@@ -1064,6 +1064,34 @@ static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t e
  * xb = rmsnorm(x); the experts prepared. */
 static void guess_next(llama *m, uint32_t l, uint32_t n);
 
+/* Set Q of a token's asynchronous expert prepares (moe_token_async): expert Q / 2's W_gate and
+ * W_up (Q even) or its W_down (Q odd), at m->held[set_first(Q)], set_len(Q) slices. */
+static size_t set_first(uint32_t q)
+{
+    return (size_t)EXP_KINDS * (q / 2) + (q % 2 ? EXP_DOWN : EXP_GATE);
+}
+
+static size_t set_len(uint32_t q)
+{
+    return q % 2 ? 1 : 2;
+}
+
+/* Waits for set *WAITED of EV (NULL: nothing to wait for) and counts it when it came in; a set
+ * whose load failed is not held. */
+static int wait_set(llama *m, ferry_event **ev, uint32_t *waited, uint32_t l, uint32_t e,
+                    char *err, size_t errlen)
+{
+    if (!ev)
+        return 0;
+    int rc = ferry_event_synchronize(ev[*waited]);
+    if (rc) {
+        say(err, errlen, "layer %u, expert %u: %s", l, e, ferry_errmsg(m->f));
+        return rc;
+    }
+    ++*waited;
+    return 0;
+}
+
 /* Token T's experts at layer L on its residual stream x. With EV, expert i's W_gate and W_up are
  * waited for (ferry_prepare_async's events EV[2i] and, for W_down, EV[2i + 1]) just before they
  * compute, so that an expert computes while the ones after it are still read: the same arithmetic
@@ -1084,26 +1112,18 @@ static int moe_block(llama *m, uint32_t l, uint32_t t, ferry_event **ev, uint32_
         expert_tensor(m, l, EXP_GATE, sel[i], &tg, &fg, &rg);
         expert_tensor(m, l, EXP_UP, sel[i], &tu, &fu, &ru);
         expert_tensor(m, l, EXP_DOWN, sel[i], &td, &fd, &rd);
-        for (int part = 0; part < 2; part++) {
-            if (ev && (rc = ferry_event_synchronize(ev[*waited]))) {
-                say(err, errlen, "layer %u, expert %u: %s", l, sel[i], ferry_errmsg(m->f));
-                return rc; /* that set is not held */
-            }
-            if (ev)
-                ++*waited;
-            matvec_job j = {.n = 0};
-            if (part == 0 &&
-                ((rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
-                 (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
-                 (rc = matvec_run(m, &j, none, err, errlen))))
-                return rc;
-            if (part == 0)
-                swiglu(m->hb, m->hb2, c->ff);
-            if (part == 1 &&
-                ((rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
-                 (rc = matvec_run(m, &j, none, err, errlen))))
-                return rc;
-        }
+        matvec_job j = {.n = 0};
+        if ((rc = wait_set(m, ev, waited, l, sel[i], err, errlen)) ||
+            (rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
+            (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
+            (rc = matvec_run(m, &j, none, err, errlen)))
+            return rc;
+        swiglu(m->hb, m->hb2, c->ff);
+        j.n = 0;
+        if ((rc = wait_set(m, ev, waited, l, sel[i], err, errlen)) ||
+            (rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
+            (rc = matvec_run(m, &j, none, err, errlen)))
+            return rc;
         /* as ggml: each expert's output times its weight, then added in order, best first */
         for (uint32_t d = 0; d < c->dim; d++) {
             float y = m->proj[d] * sw[i];
@@ -1115,27 +1135,21 @@ static int moe_block(llama *m, uint32_t l, uint32_t t, ferry_event **ev, uint32_
     return 0;
 }
 
-/* One token's layer-L experts (m->sel), each expert's W_gate + W_up and its W_down prepared
- * asynchronously, in the order of the sum, and computed as they come in (moe_block). The
- * references are taken at once, as one prepare takes them. */
+/* One token's layer-L experts (m->sel, slices), each expert's W_gate + W_up and its W_down
+ * prepared asynchronously, in the order of the sum, and computed as they come in (moe_block).
+ * The references are taken at once, as one prepare takes them. */
 static int moe_token_async(llama *m, uint32_t l, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
-    uint32_t k = c->n_expert_used, issued = 0, waited = 0;
+    uint32_t sets = 2 * c->n_expert_used, issued = 0, waited = 0;
     ferry_event *ev[2 * LLAMA_MAX_EXPERTS];
     int rc = 0;
-    for (uint32_t i = 0; i < k && !rc; i++) {
-        uint64_t first, rows;
-        for (int kind = 0; kind < EXP_KINDS; kind++)
-            expert_tensor(m, l, kind, m->sel[i], &m->held[3 * i + (uint32_t)kind], &first, &rows);
-        /* W_gate + W_up, then W_down: two events an expert */
-        for (int part = 0; part < 2 && !rc; part++) {
-            rc = ferry_prepare_async(m->f, &m->held[3 * i + (part ? 2 : 0)], part ? 1 : 2,
-                                     &ev[issued]);
-            if (rc)
-                say(err, errlen, "%s", ferry_errmsg(m->f));
-            else
-                issued++;
+    experts_list(m, l, m->sel, c->n_expert_used, m->held);
+    for (; issued < sets; issued++) {
+        rc = ferry_prepare_async(m->f, m->held + set_first(issued), set_len(issued), &ev[issued]);
+        if (rc) {
+            say(err, errlen, "%s", ferry_errmsg(m->f));
+            break;
         }
     }
     if (!rc) {
@@ -1147,9 +1161,8 @@ static int moe_token_async(llama *m, uint32_t l, char *err, size_t errlen)
     /* every set whose load succeeded is held: released here; a failed one is not (moe_block
      * stops at a failed wait without counting it) */
     for (uint32_t q = 0; q < issued; q++) {
-        int held = q < waited || ferry_event_synchronize(ev[q]) == 0;
-        if (held)
-            ferry_release(m->f, &m->held[3 * (q / 2) + (q % 2 ? 2 : 0)], q % 2 ? 1 : 2);
+        if (q < waited || ferry_event_synchronize(ev[q]) == 0)
+            ferry_release(m->f, m->held + set_first(q), set_len(q));
         ferry_event_destroy(ev[q]);
     }
     return rc;
