@@ -276,8 +276,9 @@ static uint64_t stitched_size(uint64_t size)
 }
 
 /* The bytes of DEV's budget a copy of T takes: its block's size while it holds one, else what a
- * load reserves for it, sized as reserve stitches it (an upper bound where it does not stitch). Measured as the kinds' used bytes are, so that a dense
- * kind holding its whole pass is not over its share. */
+ * load reserves for it, sized as reserve stitches it (an upper bound where it does not stitch).
+ * Measured as the kinds' used bytes are, so that a dense kind holding its whole pass is not over
+ * its share. */
 static uint64_t copy_bytes(const ferry *f, const ferry_tensor *t, int dev)
 {
     if (t->comp.state != FERRY__EMPTY && t->comp.mem.size)

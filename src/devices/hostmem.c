@@ -271,10 +271,9 @@ int ferry__host_huge_pages_dear(void)
     if (read_u64_file(path, &reported))
         return 0;
     long pg = sysconf(_SC_PAGESIZE);
-    uint64_t huge_order = 0;
-    for (uint64_t n = pg > 0 ? (uint64_t)(2u << 20) / (uint64_t)pg : 512; n > 1; n >>= 1)
-        huge_order++;
-    return reported > 0 && order <= huge_order;
+    /* a reported block of at most a huge page */
+    return reported > 0 && pg > 0 && order < 32 &&
+           ((uint64_t)pg << order) <= (UINT64_C(2) << 20);
 }
 
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total)
