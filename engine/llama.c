@@ -81,16 +81,21 @@ struct llama {
     float *hb, *hb2;           /* (ff) gate and up */
     float *logits;             /* (vocab) */
     void *embd_row;            /* (embd_row_bytes) one row of token_embd as stored */
-    void *xq[3];               /* (vec_bytes) the inputs of a job's products, prepared */
+    void *xq[3];               /* (xq_cap, xq_stride) the inputs of a job's products, prepared */
     uint64_t vec_bytes;
+    uint64_t xq_stride;        /* vec_bytes rounded up to 64 */
+    uint32_t xq_cap;           /* vectors each xq[k] holds */
     float *lora_tmp;           /* (max_rank) A.x of a runtime adapter */
     float *xs;                 /* (batch_cap, dim) the residual streams of a batch */
     uint32_t batch_cap;
+    /* (batch_cap rows each) a batch's vectors between products: bx, by of the widest of dim,
+     * q_dim and ff; bh, bh2 of ff; bproj of n_expert_used * dim (each token's experts' outputs) */
+    float *bx, *by, *bh, *bh2, *bproj;
+    uint32_t *bslot;           /* (batch_cap * n_expert_used) the slots one expert computes */
     uint32_t max_rank;
     float *k, *v;              /* (kv_dim) this position's key and value */
     /* mixture of experts */
     float *router_logits;      /* (n_expert) */
-    float *moe_acc;            /* (dim) the weighted sum of the experts' outputs */
     uint32_t *sel;             /* (batch_cap, n_expert_used) each token's experts, best first */
     float *sel_w;              /* (batch_cap, n_expert_used) their renormalised weights */
     uint32_t *pred;            /* (batch_cap, n_expert_used) the experts predicted for the next
@@ -402,10 +407,12 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     uint32_t widest = c->dim > c->ff ? c->dim : c->ff;
     widest = widest > c->q_dim ? widest : c->q_dim;
     m->vec_bytes = (uint64_t)widest * sizeof(float); /* f32 is the largest prepared form */
+    m->xq_stride = (m->vec_bytes + 63) / 64 * 64;
     for (int k = 0; k < 3; k++) {
-        m->xq[k] = malloc(m->vec_bytes);
+        m->xq[k] = malloc(m->xq_stride);
         failed |= !m->xq[k];
     }
+    m->xq_cap = 1;
     m->embd_row = malloc(m->embd_row_bytes);
     failed |= !m->embd_row;
     m->k = alloc_floats(c->kv_dim, &failed);
@@ -416,7 +423,6 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     failed |= !m->key_cache || !m->value_cache;
     if (c->n_expert) {
         m->router_logits = alloc_floats(c->n_expert, &failed);
-        m->moe_acc = alloc_floats(c->dim, &failed);
     }
     if (failed) {
         say(err, errlen, "out of memory for a context of %u positions", n_ctx);
@@ -452,6 +458,12 @@ void llama_destroy(llama *m)
     free(m->embd_row);
     free(m->lora_tmp);
     free(m->xs);
+    free(m->bx);
+    free(m->by);
+    free(m->bh);
+    free(m->bh2);
+    free(m->bproj);
+    free(m->bslot);
     for (int k = 0; k < 3; k++)
         free(m->xq[k]);
     free(m->k);
@@ -459,7 +471,6 @@ void llama_destroy(llama *m)
     free(m->key_cache);
     free(m->value_cache);
     free(m->router_logits);
-    free(m->moe_acc);
     free(m->sel);
     free(m->sel_w);
     free(m->pred);
@@ -482,16 +493,20 @@ typedef struct matvec_op {
     ferry_dtype t;
     const uint8_t *w;  /* rows x cols, row_bytes each */
     uint64_t rows, cols, row_bytes;
-    const float *x;    /* (cols) */
-    const void *xq;    /* x prepared for W's type (ferry_matvec_vec_quantize) */
-    float *y;          /* (rows) */
+    uint32_t nv;       /* vectors: W.x_v -> y_v for v < nv */
+    const float *x;    /* x_v at x + v * x_stride, (cols) each */
+    const void *xq;    /* x_v prepared for W's type (ferry_matvec_vec_quantize), at xq + v *
+                          xq_stride bytes */
+    float *y;          /* y_v at y + v * y_stride, (rows) each */
+    uint64_t x_stride, xq_stride, y_stride;
 } matvec_op;
 
 /* A job's rows go in chunks of about MATVEC_CHUNK_BYTES of weights (a multiple of 8 rows, the
  * eight-row kernels' step). Each thread first takes the chunks of its own contiguous share in
  * order, then helps finish the others' shares: a thread the host slows down holds up no fixed
  * part of the job, and a quiet machine sees each thread stream one range. A row's value is the
- * same in any chunk. */
+ * same in any chunk. A chunk meets all of an op's vectors while it is in the cache, so a batch
+ * reads each weight from memory once. */
 #define MATVEC_CHUNK_BYTES (UINT64_C(256) << 10)
 #define MATVEC_MAX_SHARES 64
 
@@ -513,8 +528,11 @@ static void matvec_share(matvec_job *j, int k, int i)
     for (uint64_t c; (c = atomic_fetch_add(&j->next[k][i], 1)) < j->end[k][i];) {
         uint64_t r0 = c * j->chunk_rows[k];
         uint64_t r1 = r0 + j->chunk_rows[k] < o->rows ? r0 + j->chunk_rows[k] : o->rows;
-        /* types and shapes checked by matvec_add before the job started */
-        (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->xq, o->y + r0);
+        /* types and shapes checked by matvec_add_batch before the job started */
+        for (uint32_t v = 0; v < o->nv; v++)
+            (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols,
+                                 (const uint8_t *)o->xq + v * o->xq_stride,
+                                 o->y + v * o->y_stride + r0);
     }
 }
 
@@ -530,10 +548,12 @@ static void matvec_work(void *arg, int ith, int nth)
     }
 }
 
-/* Adds W[first .. first + rows).x -> y (W prepared; all its rows when ROWS is 0) to the job,
- * after checking ferry can compute with W's type. */
-static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t first,
-                           uint64_t rows, const float *x, float *y, char *err, size_t errlen)
+/* Adds W[first .. first + rows).x_v -> y_v for the NV vectors x_v = X + v * X_STRIDE, y_v = Y +
+ * v * Y_STRIDE (W prepared; all its rows when ROWS is 0; NV at most m->xq_cap) to the job, after
+ * checking ferry can compute with W's type. */
+static int matvec_add_batch(llama *m, matvec_job *j, ferry_tensor *w, uint64_t first,
+                            uint64_t rows, const float *x, uint64_t x_stride, uint32_t nv,
+                            float *y, uint64_t y_stride, char *err, size_t errlen)
 {
     ferry_tensor_info ti;
     ferry_tensor_get_info(w, &ti);
@@ -542,9 +562,13 @@ static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t fi
     o->w = ferry_tensor_data(w);
     o->rows = rows ? rows : ti.n_rows;
     o->cols = ti.row_elems;
+    o->nv = nv;
     o->x = x;
     o->y = y;
-    int rc = ferry_dtype_nbytes(o->t, o->cols, &o->row_bytes);
+    o->x_stride = x_stride;
+    o->y_stride = y_stride;
+    o->xq_stride = m->xq_stride;
+    int rc = nv > m->xq_cap ? FERRY_EINVAL : ferry_dtype_nbytes(o->t, o->cols, &o->row_bytes);
     if (!rc && !o->w)
         rc = FERRY_EUNSUPPORTED;
     if (!rc && (first > ti.n_rows || o->rows > ti.n_rows - first))
@@ -554,8 +578,9 @@ static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t fi
     /* the vector in the form W's dot product takes, as llama.cpp rounds it */
     if (!rc && ferry_matvec_vec_bytes(o->t, o->cols) > m->vec_bytes)
         rc = FERRY_ESHAPE;
-    if (!rc)
-        rc = ferry_matvec_vec_quantize(o->t, x, o->cols, m->xq[j->n]);
+    for (uint32_t v = 0; v < nv && !rc; v++)
+        rc = ferry_matvec_vec_quantize(o->t, x + v * x_stride, o->cols,
+                                       (uint8_t *)m->xq[j->n] + v * m->xq_stride);
     o->xq = m->xq[j->n];
     if (rc) {
         say(err, errlen, "%s: %s", ti.name,
@@ -566,6 +591,13 @@ static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t fi
     }
     j->n++;
     return 0;
+}
+
+/* Adds W[first .. first + rows).x -> y (W prepared; all its rows when ROWS is 0) to the job. */
+static int matvec_add_rows(llama *m, matvec_job *j, ferry_tensor *w, uint64_t first,
+                           uint64_t rows, const float *x, float *y, char *err, size_t errlen)
+{
+    return matvec_add_batch(m, j, w, first, rows, x, 0, 1, y, 0, err, errlen);
 }
 
 /* Adds W.x -> y (W prepared) to the job. */
@@ -621,9 +653,13 @@ static int matvec_run(llama *m, matvec_job *j, ferry_tensor *const *ws, char *er
     }
     pool_run(m->pool, matvec_work, j);
     for (int k = 0; k < j->n; k++) {
-        int rc = lora_apply(m, ws[k], j->op[k].x, j->op[k].y, err, errlen);
-        if (rc)
-            return rc;
+        const matvec_op *o = &j->op[k];
+        for (uint32_t v = 0; v < o->nv; v++) {
+            int rc = lora_apply(m, ws[k], o->x + v * o->x_stride, o->y + v * o->y_stride, err,
+                                errlen);
+            if (rc)
+                return rc;
+        }
     }
     return 0;
 }
@@ -1060,12 +1096,10 @@ static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t e
     return 0;
 }
 
-/* x += sum over token T's experts e of weight_e * W_down_e . (silu(W_gate_e.xb) * W_up_e.xb),
- * xb = rmsnorm(x); the experts prepared. */
 static void guess_next(llama *m, uint32_t l, uint32_t n);
 
-/* Set Q of a token's asynchronous expert prepares (moe_token_async): expert Q / 2's W_gate and
- * W_up (Q even) or its W_down (Q odd), at m->held[set_first(Q)], set_len(Q) slices. */
+/* Set Q of the asynchronous expert prepares of moe_experts: expert Q / 2's W_gate and W_up (Q
+ * even) or its W_down (Q odd), at m->held[set_first(Q)], set_len(Q) slices. */
 static size_t set_first(uint32_t q)
 {
     return (size_t)EXP_KINDS * (q / 2) + (q % 2 ? EXP_DOWN : EXP_GATE);
@@ -1092,74 +1126,107 @@ static int wait_set(llama *m, ferry_event **ev, uint32_t *waited, uint32_t l, ui
     return 0;
 }
 
-/* Token T's experts at layer L on its residual stream x. With EV, expert i's W_gate and W_up are
- * waited for (ferry_prepare_async's events EV[2i] and, for W_down, EV[2i + 1]) just before they
- * compute, so that an expert computes while the ones after it are still read: the same arithmetic
- * in the same order either way. *WAITED counts the events waited for that succeeded. */
-static int moe_block(llama *m, uint32_t l, uint32_t t, ferry_event **ev, uint32_t *waited,
-                     char *err, size_t errlen)
+/* Expert E of layer L for the NV tokens whose experts' slots (token * n_expert_used + i) are
+ * SLOT: bproj[slot] = W_down_e . (silu(W_gate_e.xb) * W_up_e.xb), xb the token's normed input in
+ * by. Each product is one job over all NV vectors, so each chunk of the expert's rows is read from
+ * memory once. With EV, W_gate + W_up and then W_down are waited for just before they compute. */
+static int expert_run(llama *m, uint32_t l, uint32_t e, const uint32_t *slot, uint32_t nv,
+                      ferry_event **ev, uint32_t *waited, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
-    uint32_t k = c->n_expert_used;
-    const uint32_t *sel = m->sel + (uint64_t)t * k;
-    const float *sw = m->sel_w + (uint64_t)t * k;
-    int rc = rmsnorm(m, m->xb, m->x, m->layers[l].ffn_norm, err, errlen);
-    if (rc)
+    const uint32_t k = c->n_expert_used;
+    ferry_tensor *tg, *tu, *td, *none[2] = {NULL, NULL};
+    uint64_t fg, fu, fd, rg, ru, rd;
+    expert_tensor(m, l, EXP_GATE, e, &tg, &fg, &rg);
+    expert_tensor(m, l, EXP_UP, e, &tu, &fu, &ru);
+    expert_tensor(m, l, EXP_DOWN, e, &td, &fd, &rd);
+    for (uint32_t v = 0; v < nv; v++)
+        memcpy(m->bx + (uint64_t)v * c->dim, m->by + (uint64_t)(slot[v] / k) * c->dim,
+               c->dim * sizeof *m->bx);
+    matvec_job j = {.n = 0};
+    int rc;
+    if ((rc = wait_set(m, ev, waited, l, e, err, errlen)) ||
+        (rc = matvec_add_batch(m, &j, tg, fg, rg, m->bx, c->dim, nv, m->bh, c->ff, err,
+                               errlen)) ||
+        (rc = matvec_add_batch(m, &j, tu, fu, ru, m->bx, c->dim, nv, m->bh2, c->ff, err,
+                               errlen)) ||
+        (rc = matvec_run(m, &j, none, err, errlen)))
         return rc;
-    for (uint32_t i = 0; i < k; i++) {
-        ferry_tensor *tg, *tu, *td, *none[2] = {NULL, NULL};
-        uint64_t fg, fu, fd, rg, ru, rd;
-        expert_tensor(m, l, EXP_GATE, sel[i], &tg, &fg, &rg);
-        expert_tensor(m, l, EXP_UP, sel[i], &tu, &fu, &ru);
-        expert_tensor(m, l, EXP_DOWN, sel[i], &td, &fd, &rd);
-        matvec_job j = {.n = 0};
-        if ((rc = wait_set(m, ev, waited, l, sel[i], err, errlen)) ||
-            (rc = matvec_add_rows(m, &j, tg, fg, rg, m->xb, m->hb, err, errlen)) ||
-            (rc = matvec_add_rows(m, &j, tu, fu, ru, m->xb, m->hb2, err, errlen)) ||
-            (rc = matvec_run(m, &j, none, err, errlen)))
-            return rc;
-        swiglu(m->hb, m->hb2, c->ff);
-        j.n = 0;
-        if ((rc = wait_set(m, ev, waited, l, sel[i], err, errlen)) ||
-            (rc = matvec_add_rows(m, &j, td, fd, rd, m->hb, m->proj, err, errlen)) ||
-            (rc = matvec_run(m, &j, none, err, errlen)))
-            return rc;
-        /* as ggml: each expert's output times its weight, then added in order, best first */
-        for (uint32_t d = 0; d < c->dim; d++) {
-            float y = m->proj[d] * sw[i];
-            m->moe_acc[d] = i == 0 ? y : m->moe_acc[d] + y;
-        }
-    }
-    for (uint32_t d = 0; d < c->dim; d++)
-        m->x[d] += m->moe_acc[d];
+    for (uint32_t v = 0; v < nv; v++)
+        swiglu(m->bh + (uint64_t)v * c->ff, m->bh2 + (uint64_t)v * c->ff, c->ff);
+    j.n = 0;
+    if ((rc = wait_set(m, ev, waited, l, e, err, errlen)) ||
+        (rc = matvec_add_batch(m, &j, td, fd, rd, m->bh, c->ff, nv, m->bx, c->dim, err,
+                               errlen)) ||
+        (rc = matvec_run(m, &j, none, err, errlen)))
+        return rc;
+    for (uint32_t v = 0; v < nv; v++)
+        memcpy(m->bproj + (uint64_t)slot[v] * c->dim, m->bx + (uint64_t)v * c->dim,
+               c->dim * sizeof *m->bx);
     return 0;
 }
 
-/* One token's layer-L experts (m->sel, slices), each expert's W_gate + W_up and its W_down
- * prepared asynchronously, in the order of the sum, and computed as they come in (moe_block).
- * The references are taken at once, as one prepare takes them. */
-static int moe_token_async(llama *m, uint32_t l, char *err, size_t errlen)
+/* Layer L's experts over the batch's N tokens (their residual streams after attention in xs,
+ * their experts in sel): x += sum over the token's experts e of weight_e * W_down_e .
+ * (silu(W_gate_e.xb) * W_up_e.xb), xb = rmsnorm(x). The K experts IDS the batch chose compute in
+ * the order of IDS, each for all the tokens that chose it; each token then sums its experts'
+ * outputs in its own order, best first, as ggml does: the same arithmetic for a token whatever
+ * else is in its batch. With slices, each expert's W_gate + W_up and its W_down are prepared
+ * asynchronously, all issued at once in the order of IDS, and an expert computes while the ones
+ * after it are still read; the references are taken at once, as one prepare takes them. */
+static int moe_experts(llama *m, uint32_t l, uint32_t n, const uint32_t *ids, uint32_t k,
+                       char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
-    uint32_t sets = 2 * c->n_expert_used, issued = 0, waited = 0;
-    ferry_event *ev[2 * LLAMA_MAX_EXPERTS];
+    const uint32_t ku = c->n_expert_used;
     int rc = 0;
-    experts_list(m, l, m->sel, c->n_expert_used, m->held);
-    for (; issued < sets; issued++) {
-        rc = ferry_prepare_async(m->f, m->held + set_first(issued), set_len(issued), &ev[issued]);
-        if (rc) {
-            say(err, errlen, "%s", ferry_errmsg(m->f));
-            break;
+    for (uint32_t t = 0; t < n && !rc; t++)
+        rc = rmsnorm(m, m->by + (uint64_t)t * c->dim, m->xs + (uint64_t)t * c->dim,
+                     m->layers[l].ffn_norm, err, errlen);
+    if (rc)
+        return rc;
+    ferry_event *ev[2 * LLAMA_MAX_EXPERTS];
+    uint32_t sets = m->layers[l].exp ? 2 * k : 0, issued = 0, waited = 0;
+    if (sets) {
+        experts_list(m, l, ids, k, m->held);
+        for (; issued < sets && !rc; issued++)
+            if ((rc = ferry_prepare_async(m->f, m->held + set_first(issued), set_len(issued),
+                                          &ev[issued])) != 0) {
+                say(err, errlen, "%s", ferry_errmsg(m->f));
+                break;
+            }
+    } else {
+        rc = prepare_experts(m, l, ids, k, err, errlen);
+    }
+    /* the experts predicted for the next layer are read while these compute, not before these
+     * are held (guessed before, they would take no fewer reads: measured) */
+    if (!rc)
+        guess_next(m, l, n);
+    for (uint32_t i = 0; i < k && !rc; i++) {
+        uint32_t nv = 0;
+        for (uint32_t s = 0; s < n * ku; s++)
+            if (m->sel[s] == ids[i])
+                m->bslot[nv++] = s;
+        rc = expert_run(m, l, ids[i], m->bslot, nv, sets ? ev : NULL, &waited, err, errlen);
+    }
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        float *x = m->xs + (uint64_t)t * c->dim;
+        const float *sw = m->sel_w + (uint64_t)t * ku;
+        for (uint32_t d = 0; d < c->dim; d++) {
+            float acc = 0;
+            for (uint32_t i = 0; i < ku; i++) {
+                float y = m->bproj[((uint64_t)t * ku + i) * c->dim + d] * sw[i];
+                acc = i == 0 ? y : acc + y;
+            }
+            x[d] += acc;
         }
     }
-    if (!rc) {
-        guess_next(m, l, 1);
-        memcpy(m->x, m->xs, c->dim * sizeof *m->x);
-        rc = moe_block(m, l, 0, ev, &waited, err, errlen);
-        memcpy(m->xs, m->x, c->dim * sizeof *m->x);
+    if (!sets) {
+        release_experts(m);
+        return rc;
     }
-    /* every set whose load succeeded is held: released here; a failed one is not (moe_block
-     * stops at a failed wait without counting it) */
+    /* every set whose load succeeded is held: released here; a failed one is not (a failed
+     * wait stops before it is counted) */
     for (uint32_t q = 0; q < issued; q++) {
         if (q < waited || ferry_event_synchronize(ev[q]) == 0)
             ferry_release(m->f, m->held + set_first(q), set_len(q));
@@ -1243,6 +1310,16 @@ static void prefetch_after(llama *m, uint32_t l, int steps, int s)
     }
 }
 
+/* Reallocates *P to BYTES; nonzero (and *P as it was) when that fails. */
+static int grow(void *p, uint64_t bytes)
+{
+    void *q = bytes <= SIZE_MAX ? realloc(*(void **)p, (size_t)bytes) : NULL;
+    if (!q)
+        return 1;
+    *(void **)p = q;
+    return 0;
+}
+
 /* Grows the per-token buffers of a batch to N tokens. */
 static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
 {
@@ -1253,7 +1330,21 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
     if (xs)
         m->xs = xs;
     int failed = !xs;
+    uint64_t widest = c->dim > c->ff ? c->dim : c->ff;
+    widest = widest > c->q_dim ? widest : c->q_dim;
+    failed |= grow(&m->bx, n * widest * sizeof(float));
+    failed |= grow(&m->by, n * widest * sizeof(float));
+    failed |= grow(&m->bh, (uint64_t)n * c->ff * sizeof(float));
+    failed |= grow(&m->bh2, (uint64_t)n * c->ff * sizeof(float));
+    int xq_failed = 0;
+    for (int k = 0; k < 3; k++)
+        xq_failed |= grow(&m->xq[k], n * m->xq_stride);
+    if (!xq_failed)
+        m->xq_cap = n;
+    failed |= xq_failed;
     if (c->n_expert) {
+        failed |= grow(&m->bproj, (uint64_t)n * c->n_expert_used * c->dim * sizeof(float));
+        failed |= grow(&m->bslot, (uint64_t)n * c->n_expert_used * sizeof(uint32_t));
         uint64_t k = (uint64_t)n * c->n_expert_used;
         uint32_t *sel = realloc(m->sel, k * sizeof *sel);
         m->sel = sel ? sel : m->sel;
@@ -1294,8 +1385,7 @@ static void guess_next(llama *m, uint32_t l, uint32_t n)
 }
 
 /* Layer L of a mixture-of-experts model over the N tokens of the batch: attention and routing
- * for each in order, then the experts the batch chose brought in once, each token through its
- * own. */
+ * for each in order, then the experts the batch chose brought in once (moe_experts). */
 static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
@@ -1315,25 +1405,17 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     }
     if (rc)
         return rc;
+    /* one token's experts in its own order, best first, so that the best comes in first; a
+     * batch's in ascending order */
     uint32_t ids[LLAMA_MAX_EXPERTS] = {0}, k = 0;
-    for (uint32_t e = 0; e < c->n_expert; e++)
-        if (used[e])
-            ids[k++] = e;
-    if (n == 1 && m->layers[l].exp)
-        return moe_token_async(m, l, err, errlen); /* one token: its experts computed as they come */
-    if ((rc = prepare_experts(m, l, ids, k, err, errlen)))
-        return rc;
-    /* the experts predicted for the next layer are read while these compute, not before these
-     * are held (guessed before, they would take no fewer reads: measured) */
-    guess_next(m, l, n);
-    for (uint32_t t = 0; t < n && !rc; t++) {
-        float *xt = m->xs + (uint64_t)t * c->dim;
-        memcpy(m->x, xt, c->dim * sizeof *m->x);
-        rc = moe_block(m, l, t, NULL, NULL, err, errlen);
-        memcpy(xt, m->x, c->dim * sizeof *m->x);
-    }
-    release_experts(m);
-    return rc;
+    if (n == 1)
+        for (; k < c->n_expert_used; k++)
+            ids[k] = m->sel[k];
+    else
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            if (used[e])
+                ids[k++] = e;
+    return moe_experts(m, l, n, ids, k, err, errlen);
 }
 
 static int prepare(llama *m, ferry_tensor *const *ts, size_t n, char *err, size_t errlen)
