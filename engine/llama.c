@@ -91,6 +91,7 @@ struct llama {
     /* (batch_cap rows each) a batch's vectors between products: bx, by of the widest of dim,
      * q_dim and ff; bh, bh2 of ff; bproj of n_expert_used * dim (each token's experts' outputs) */
     float *bx, *by, *bh, *bh2, *bproj;
+    float *bk, *bv;            /* (batch_cap, kv_dim) a batch's keys and values */
     uint32_t *bslot;           /* (batch_cap * n_expert_used) the slots one expert computes */
     uint32_t max_rank;
     float *k, *v;              /* (kv_dim) this position's key and value */
@@ -463,6 +464,8 @@ void llama_destroy(llama *m)
     free(m->bh);
     free(m->bh2);
     free(m->bproj);
+    free(m->bk);
+    free(m->bv);
     free(m->bslot);
     for (int k = 0; k < 3; k++)
         free(m->xq[k]);
@@ -821,11 +824,12 @@ static void attention_work(void *arg, int ith, int nth)
     }
 }
 
+static int attend(llama *m, uint32_t l, uint32_t pos, char *err, size_t errlen);
+
 /* att_out = attention(RoPE(Wq.xb), KV cache with RoPE(Wk.xb), Wv.xb), xb = rmsnorm(x): the
  * keys and values of position POS go into the cache. */
 static int attention_heads(llama *m, uint32_t l, uint32_t pos, char *err, size_t errlen)
 {
-    const llama_config *c = &m->c;
     layer_weights *w = &m->layers[l];
     int rc = rmsnorm(m, m->xb, m->x, w->attn_norm, err, errlen);
     if (rc)
@@ -838,6 +842,17 @@ static int attention_heads(llama *m, uint32_t l, uint32_t pos, char *err, size_t
         (rc = matvec_add(m, &j, w->wv, m->xb, v, err, errlen)) ||
         (rc = matvec_run(m, &j, ws, err, errlen)))
         return rc;
+    return attend(m, l, pos, err, errlen);
+}
+
+/* att_out = attention of q, k and v (Wq.xb, Wk.xb, Wv.xb of position POS) with the KV cache: RoPE
+ * (after the per-head norms where the model has them), and k and v into the cache. */
+static int attend(llama *m, uint32_t l, uint32_t pos, char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    layer_weights *w = &m->layers[l];
+    float *k = m->k, *v = m->v;
+    int rc;
     if (c->qk_norm && ((rc = head_norm(m, m->q, c->n_head, w->q_norm, err, errlen)) ||
                        (rc = head_norm(m, k, c->n_head_kv, w->k_norm, err, errlen))))
         return rc;
@@ -912,6 +927,88 @@ static int dense_parts(llama *m, uint32_t l, int p0, int p1, uint32_t pos, char 
             rc = ffn_hidden(m, l, err, errlen);
         else
             rc = residual_add(m, w->w_down, m->hb, err, errlen);
+    }
+    return rc;
+}
+
+/* xs[t] += by[t] for the batch's N tokens. */
+static void batch_residual(llama *m, uint32_t n)
+{
+    const uint32_t dim = m->c.dim;
+    for (uint64_t i = 0; i < (uint64_t)n * dim; i++)
+        m->xs[i] += m->by[i];
+}
+
+/* by[t] = rmsnorm(xs[t]) for the batch's N tokens. */
+static int batch_norm(llama *m, uint32_t n, ferry_tensor *weight, char *err, size_t errlen)
+{
+    const uint32_t dim = m->c.dim;
+    int rc = 0;
+    for (uint32_t t = 0; t < n && !rc; t++)
+        rc = rmsnorm(m, m->by + (uint64_t)t * dim, m->xs + (uint64_t)t * dim, weight, err,
+                     errlen);
+    return rc;
+}
+
+/* Parts P0..P1 of dense layer L for the N tokens of the batch in xs, at positions POS0, POS0 + 1,
+ * ...: each product is one job over all N vectors, so that each chunk of a weight's rows is read
+ * from memory once a batch and meets every token in the cache; attention goes token by token in
+ * order. A token's arithmetic is dense_parts': the same bits. Between the parts, the batch's
+ * queries and then attention outputs are in bx (a token's output replaces its query once read),
+ * its keys and values in bk and bv, the feed-forward hidden vectors in bh. */
+static int dense_parts_batch(llama *m, uint32_t l, int p0, int p1, uint32_t n, uint32_t pos0,
+                             char *err, size_t errlen)
+{
+    const llama_config *c = &m->c;
+    layer_weights *w = &m->layers[l];
+    int rc = 0;
+    for (int p = p0; p <= p1 && !rc; p++) {
+        matvec_job j = {.n = 0};
+        if (p == PART_QKV) {
+            ferry_tensor *ws[3] = {w->wq, w->wk, w->wv};
+            if ((rc = batch_norm(m, n, w->attn_norm, err, errlen)) ||
+                (rc = matvec_add_batch(m, &j, w->wq, 0, 0, m->by, c->dim, n, m->bx, c->q_dim,
+                                       err, errlen)) ||
+                (rc = matvec_add_batch(m, &j, w->wk, 0, 0, m->by, c->dim, n, m->bk, c->kv_dim,
+                                       err, errlen)) ||
+                (rc = matvec_add_batch(m, &j, w->wv, 0, 0, m->by, c->dim, n, m->bv, c->kv_dim,
+                                       err, errlen)) ||
+                (rc = matvec_run(m, &j, ws, err, errlen)))
+                return rc;
+            for (uint32_t t = 0; t < n && !rc; t++) {
+                float *qt = m->bx + (uint64_t)t * c->q_dim;
+                memcpy(m->q, qt, c->q_dim * sizeof *m->q);
+                memcpy(m->k, m->bk + (uint64_t)t * c->kv_dim, c->kv_dim * sizeof *m->k);
+                memcpy(m->v, m->bv + (uint64_t)t * c->kv_dim, c->kv_dim * sizeof *m->v);
+                rc = attend(m, l, pos0 + t, err, errlen);
+                memcpy(qt, m->att_out, c->q_dim * sizeof *qt);
+            }
+        } else if (p == PART_WO) {
+            ferry_tensor *ws[1] = {w->wo};
+            if ((rc = matvec_add_batch(m, &j, w->wo, 0, 0, m->bx, c->q_dim, n, m->by, c->dim,
+                                       err, errlen)) ||
+                (rc = matvec_run(m, &j, ws, err, errlen)))
+                return rc;
+            batch_residual(m, n);
+        } else if (p == PART_GATE_UP) {
+            ferry_tensor *ws[2] = {w->w_gate, w->w_up};
+            if ((rc = batch_norm(m, n, w->ffn_norm, err, errlen)) ||
+                (rc = matvec_add_batch(m, &j, w->w_gate, 0, 0, m->by, c->dim, n, m->bh, c->ff,
+                                       err, errlen)) ||
+                (rc = matvec_add_batch(m, &j, w->w_up, 0, 0, m->by, c->dim, n, m->bh2, c->ff,
+                                       err, errlen)) ||
+                (rc = matvec_run(m, &j, ws, err, errlen)))
+                return rc;
+            for (uint32_t t = 0; t < n; t++)
+                swiglu(m->bh + (uint64_t)t * c->ff, m->bh2 + (uint64_t)t * c->ff, c->ff);
+        } else {
+            ferry_tensor *ws[1] = {w->w_down};
+            if ((rc = matvec_add_batch(m, &j, w->w_down, 0, 0, m->bh, c->ff, n, m->by, c->dim,
+                                       err, errlen)) ||
+                (rc = matvec_run(m, &j, ws, err, errlen)))
+                return rc;
+            batch_residual(m, n);
+        }
     }
     return rc;
 }
@@ -1336,6 +1433,8 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
     failed |= grow(&m->by, n * widest * sizeof(float));
     failed |= grow(&m->bh, (uint64_t)n * c->ff * sizeof(float));
     failed |= grow(&m->bh2, (uint64_t)n * c->ff * sizeof(float));
+    failed |= grow(&m->bk, (uint64_t)n * c->kv_dim * sizeof(float));
+    failed |= grow(&m->bv, (uint64_t)n * c->kv_dim * sizeof(float));
     int xq_failed = 0;
     for (int k = 0; k < 3; k++)
         xq_failed |= grow(&m->xq[k], n * m->xq_stride);
@@ -1391,10 +1490,13 @@ static int moe_layer(llama *m, uint32_t l, uint32_t n, uint32_t pos0, char *err,
     const llama_config *c = &m->c;
     int rc = 0;
     uint8_t used[LLAMA_MAX_EXPERTS] = {0};
+    if (n > 1)
+        rc = dense_parts_batch(m, l, PART_QKV, PART_WO, n, pos0, err, errlen);
     for (uint32_t t = 0; t < n && !rc; t++) {
         float *xt = m->xs + (uint64_t)t * c->dim;
         memcpy(m->x, xt, c->dim * sizeof *m->x);
-        rc = dense_parts(m, l, PART_QKV, PART_WO, pos0 + t, err, errlen);
+        if (n == 1)
+            rc = dense_parts(m, l, PART_QKV, PART_WO, pos0 + t, err, errlen);
         if (!rc)
             rc = route(m, l, t, err, errlen);
         if (!rc)
@@ -1462,7 +1564,9 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
             /* each token of the batch in order: the same arithmetic as one call per token (a
              * layer's keys and values depend only on its input, so all the batch's attention
              * may come before its feed-forward) */
-            for (uint32_t t = 0; t < n && !rc && !c->n_expert; t++) {
+            if (n > 1 && !c->n_expert)
+                rc = dense_parts_batch(m, l, p0, p1, n, pos0, err, errlen);
+            for (uint32_t t = 0; n == 1 && t < n && !rc && !c->n_expert; t++) {
                 float *xt = m->xs + (uint64_t)t * c->dim;
                 memcpy(m->x, xt, c->dim * sizeof *m->x);
                 rc = dense_parts(m, l, p0, p1, pos0 + t, err, errlen);
@@ -1476,11 +1580,18 @@ int llama_forward_batch(llama *m, const uint32_t *tokens, uint32_t n, uint32_t p
     if ((rc = prepare(m, hd, 2, err, errlen)))
         return rc;
     ferry_prefetch(m->f, cur, step_list(m, 0, steps, 0, cur));
-    for (uint32_t t = 0; t < n && !rc; t++) {
-        memcpy(m->x, m->xs + (uint64_t)t * c->dim, c->dim * sizeof *m->x);
+    if (n == 1) {
+        memcpy(m->x, m->xs, c->dim * sizeof *m->x);
         rc = head(m, err, errlen);
         if (!rc && logits != m->logits)
-            memcpy(logits + (uint64_t)t * c->vocab, m->logits, c->vocab * sizeof *logits);
+            memcpy(logits, m->logits, c->vocab * sizeof *logits);
+    } else if (!(rc = batch_norm(m, n, m->output_norm, err, errlen))) {
+        /* every token's logits from one pass over the head's rows, as head computes each */
+        matvec_job j = {.n = 0};
+        rc = matvec_add_batch(m, &j, m->output, 0, 0, m->by, c->dim, n, logits, c->vocab, err,
+                              errlen);
+        if (!rc)
+            rc = matvec_run(m, &j, &m->output, err, errlen);
     }
     ferry_release(m->f, hd, 2);
     return rc;

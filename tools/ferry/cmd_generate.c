@@ -132,6 +132,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
         "                         routing_predictions for a mixture of experts: how many of\n"
         "                         the experts predicted for each next layer it then chose;\n"
+        "                         prompt_tok_s: prompt tokens per second of their passes;\n"
         "                         wait_seconds_per_token: the time prepares waited for bytes;\n"
         "                         guess_bytes, guess_unused_bytes: what look-ahead read, and\n"
         "                         of it what was dropped unused)\n"
@@ -309,7 +310,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_error("out of memory");
         goto out;
     }
-    double t_first = 0, dec_seconds = 0;
+    double t_first = 0, dec_seconds = 0, prompt_seconds = 0;
     uint64_t n_dec = 0, dec_bytes = 0, all_bytes = 0;
     size_t n_out = 0;
     uint32_t next = 0;
@@ -335,6 +336,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             ferry_trace_event(f, i < (uint64_t)np ? "prompt" : "token", "compute", f0, ferry_now());
         ferry_get_stats(f, &s1);
         all_bytes += s1.bytes_read - s0.bytes_read;
+        if (i < (uint64_t)np)
+            prompt_seconds += t1 - t0;
         if (i >= (uint64_t)np) {
             dec_seconds += t1 - t0;
             dec_bytes += s1.bytes_read - s0.bytes_read;
@@ -379,6 +382,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     uint64_t evals = (uint64_t)np + n_gen - 1;
     uint64_t per_token = n_dec ? dec_bytes / n_dec : evals ? all_bytes / evals : 0;
     double tok_s = dec_seconds > 0 ? (double)n_dec / dec_seconds : 0;
+    double prompt_tok_s = prompt_seconds > 0 ? (double)np / prompt_seconds : 0;
     char piece[256];
     if (json) {
         cli_json j;
@@ -411,6 +415,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_f64(&j, t_first);
         cli_json_key(&j, "decode_tok_s");
         cli_json_f64(&j, tok_s);
+        cli_json_key(&j, "prompt_tok_s");
+        cli_json_f64(&j, prompt_tok_s);
         cli_json_key(&j, "bytes_read_per_token");
         cli_json_u64(&j, per_token);
         cli_json_key(&j, "model_bytes");
@@ -456,9 +462,9 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             }
             printf("\n");
         }
-        printf("first token %.3f s, decode %.2f tok/s (%llu threads), read %s per token, "
-               "peak RSS %s\nprefetch hits %llu, misses %llu\n",
-               t_first, tok_s, (unsigned long long)threads, cli_size(per_token, b1),
+        printf("first token %.3f s, prompt %.2f tok/s, decode %.2f tok/s (%llu threads), read %s "
+               "per token, peak RSS %s\nprefetch hits %llu, misses %llu\n",
+               t_first, prompt_tok_s, tok_s, (unsigned long long)threads, cli_size(per_token, b1),
                cli_size(cli_peak_rss(), b2), (unsigned long long)st.prefetch_hits,
                (unsigned long long)st.prefetch_misses);
         if (c->n_expert)
