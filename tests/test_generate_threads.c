@@ -2,7 +2,9 @@
  * test_generate_threads.c — `ferry generate` computes the same bits whatever the number of compute
  * threads (1 to 5, more threads than rows in some products), on a model of every weight type the
  * engine reads, streamed from disk under a host budget so that ferry's prefetch threads run beside
- * the compute threads. Under TSan (the "threads" label) the CLI itself is instrumented.
+ * the compute threads, its prompt of five in batches of two and one against one batch of five: a
+ * batch's products run over all its tokens at once, and a token's numbers must not depend on
+ * its batch. Under TSan (the "threads" label) the CLI itself is instrumented.
  *
  * And a mixture of experts: decoded one token at a time, its experts' slices are prepared
  * asynchronously and computed as their loads finish, beside the loader threads; streamed under a
@@ -52,7 +54,7 @@ int main(void)
         CHECK_EQ_INT(run("gen -q -o '%s' --layers 2 --dim 64 --ff 128 --vocab 96 --heads 4 "
                          "--kv-heads 1 --dtype %s", model, types[ti]), 0);
         same_logits(types[ti], model, "--tokens 3,1,4,1,5 -n 6",
-                    "--home disk --budget host=140KiB", 2, 5, 5 + 6 - 1);
+                    "--batch 2 --home disk --budget host=140KiB", 2, 5, 5 + 6 - 1);
     }
     char moe[1200];
     snprintf(moe, sizeof moe, "%s/moe.gguf", tmp);
