@@ -2,13 +2,14 @@
 # cgroup_run.sh WHAT MODEL [ARGS...] — one run inside a fresh memory cgroup (v1) capped at CAP_MIB
 # (default 2900), MODEL dropped from the page cache first; prints one line of results, the wall
 # time and the cgroup's peak usage. Needs root. Alternate runs of each kind and quote medians.
-#   WHAT = ferry  ferry generate MODEL --tokens 1,2,3 -n N --threads T --home disk --json ARGS...
-#          llama  llama.cpp's default (mmap): REF_DIR/bin/llama_logits MODEL 1,2,3 N /dev/null T
+#   WHAT = ferry  ferry generate MODEL --tokens PROMPT -n N --threads T --home disk --json ARGS...
+#          llama  llama.cpp's default (mmap): REF_DIR/bin/llama_logits MODEL PROMPT N /dev/null T
 #          dd     O_DIRECT read of MODEL's first 2 GiB (16 MiB requests)
-#   env: FERRY (build/ferry), REF_DIR (~/.cache/ferry-ref), N (8 tokens), T (2 threads)
+#   env: FERRY (build/ferry), REF_DIR (~/.cache/ferry-ref), N (8 tokens), T (2 threads),
+#        PROMPT (token ids, 1,2,3)
 set -u
 what=$1; model=$2; shift 2
-cli=${FERRY:-build/ferry}; ref=${REF_DIR:-$HOME/.cache/ferry-ref}; n=${N:-8}; threads=${T:-2}
+cli=${FERRY:-build/ferry}; ref=${REF_DIR:-$HOME/.cache/ferry-ref}; n=${N:-8}; threads=${T:-2}; prompt=${PROMPT:-1,2,3}
 cg=/sys/fs/cgroup/memory/ferry-run-$$
 mkdir "$cg" && echo $(( ${CAP_MIB:-2900} * 1048576 )) > "$cg/memory.limit_in_bytes" || exit 1
 trap 'rmdir "$cg" 2>/dev/null || true' EXIT
@@ -17,9 +18,9 @@ import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, 
 incg() { sh -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$cg" "$@"; }
 t0=$(date +%s.%N)
 case $what in
-llama) out=$(incg "$ref/bin/llama_logits" "$model" 1,2,3 "$n" /dev/null "$threads" 2>/dev/null)
+llama) out=$(incg "$ref/bin/llama_logits" "$model" "$prompt" "$n" /dev/null "$threads" 2>/dev/null)
        echo "llama rc=$? $out" | sed 's/tokens=[^ ]*//';;
-ferry) out=$(incg "$cli" generate "$model" --tokens 1,2,3 -n "$n" --threads "$threads" --home disk --json "$@")
+ferry) out=$(incg "$cli" generate "$model" --tokens "$prompt" -n "$n" --threads "$threads" --home disk --json "$@")
        rc=$?
        echo "$out" | python3 -c "
 import json,sys; j=json.load(sys.stdin)
