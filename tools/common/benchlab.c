@@ -251,32 +251,45 @@ static const void *compute_vec_for(benchlab *b, ferry_dtype t, uint64_t cols)
     return xq;
 }
 
-/* The pieces of a pass, taken in turn by its threads (a thread the host deschedules holds up no
- * share of its own), each into its own Y. */
+/* The pieces of a pass in N_SHARES contiguous shares, one a thread: share I is pieces [end[I -
+ * 1] (0 for I = 0), end[I]), next[I] the next of them to take. Each thread takes the pieces of its
+ * own share in order, then helps finish the others' (a thread the host deschedules holds up no
+ * share of its own), each into its own Y: each thread streams one range of the weights, as an
+ * engine splits a product's rows (engine/llama.c, matvec_run). */
 typedef struct compute_pass {
     const compute_unit *u;
     size_t n;
-    _Atomic size_t next;
+    unsigned n_shares;
+    size_t end[BENCHLAB_MAX_THREADS];
+    _Atomic size_t next[BENCHLAB_MAX_THREADS];
     const float *x;
 } compute_pass;
 
 typedef struct compute_share {
     compute_pass *pass;
+    unsigned index;
     float *y;
     double checksum;
 } compute_share;
 
-static void *compute_main(void *arg)
+static void compute_take(compute_share *c, unsigned i)
 {
-    compute_share *c = arg;
     compute_pass *p = c->pass;
-    for (size_t k; (k = atomic_fetch_add(&p->next, 1)) < p->n;) {
+    for (size_t k; (k = atomic_fetch_add(&p->next[i], 1)) < p->end[i];) {
         const compute_unit *o = &p->u[k];
         if (ferry_matvec_q(o->t, (const unsigned char *)o->w + o->r0 * o->row_bytes,
                            o->r1 - o->r0, o->cols, o->xq, c->y) == 0)
             c->checksum += (o->r0 == 0 ? c->y[0] : 0.0f) +
                            (o->r1 == o->rows ? c->y[o->r1 - o->r0 - 1] : 0.0f);
     }
+}
+
+static void *compute_main(void *arg)
+{
+    compute_share *c = arg;
+    unsigned n = c->pass->n_shares;
+    for (unsigned i = 0; i < n; i++)
+        compute_take(c, (c->index + i) % n);
     return NULL;
 }
 
@@ -323,12 +336,16 @@ static void compute_sets(benchlab *b, layer_set *sets, size_t from, size_t to)
             }
         }
     }
-    compute_pass pass = {b->units, n_units, 0, b->x};
+    unsigned n = b->threads, started = 1;
+    compute_pass pass = {.u = b->units, .n = n_units, .n_shares = n, .x = b->x};
+    for (unsigned i = 0; i < n; i++) {
+        pass.end[i] = n_units * (i + 1) / n;
+        atomic_init(&pass.next[i], n_units * i / n);
+    }
     compute_share sh[BENCHLAB_MAX_THREADS];
     pthread_t th[BENCHLAB_MAX_THREADS];
-    unsigned n = b->threads, started = 1;
     for (unsigned i = 0; i < n; i++)
-        sh[i] = (compute_share){&pass, b->y + (size_t)i * b->max_rows, 0};
+        sh[i] = (compute_share){&pass, i, b->y + (size_t)i * b->max_rows, 0};
     for (; started < n; started++)
         if (pthread_create(&th[started], NULL, compute_main, &sh[started]) != 0)
             break;
@@ -530,9 +547,13 @@ static int run_mmap(benchlab *b, int populate)
     return 0;
 }
 
+/* Decode passes a compute measurement times; the fastest counts, as the memory-read limit keeps
+ * the best of its reads. */
+#define COMPUTE_PASSES 3
+
 /* One load by ferry into host memory (home host, load MODE), to ready; cold when COLD. Puts GB/s
- * into slot M (seconds for BENCHLAB_WARM_AUTO); with COMPUTE also times one decode pass over the
- * resident weights into BENCHLAB_COMPUTE. */
+ * into slot M (seconds for BENCHLAB_WARM_AUTO); with COMPUTE also times COMPUTE_PASSES decode
+ * passes over the resident weights and puts the fastest into BENCHLAB_COMPUTE. */
 static int run_load(benchlab *b, ferry_load mode, int cold, int m, int compute)
 {
     if (cold && drop_files(b))
@@ -573,9 +594,14 @@ static int run_load(benchlab *b, ferry_load mode, int cold, int m, int compute)
     double t = ferry_now() - t0;
     put(b, m, m == BENCHLAB_WARM_AUTO ? t : (double)b->model / t / 1e9);
     if (compute) {
-        double c0 = ferry_now();
-        compute_sets(b, sets, 0, nsets);
-        put(b, BENCHLAB_COMPUTE, ferry_now() - c0);
+        double best = 0;
+        for (int k = 0; k < COMPUTE_PASSES; k++) {
+            double c0 = ferry_now();
+            compute_sets(b, sets, 0, nsets);
+            double c = ferry_now() - c0;
+            best = k == 0 || c < best ? c : best;
+        }
+        put(b, BENCHLAB_COMPUTE, best);
     }
     if (m == BENCHLAB_WARM_AUTO) {
         /* "no copy" only when ferry's plan says every tensor is served from the mapping */
