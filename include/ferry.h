@@ -453,13 +453,12 @@ typedef enum ferry_slice_evict {
 
 /* Options at creation. Zero-initialised means defaults. */
 typedef struct ferry_options {
-    uint32_t io_threads;        /* I/O workers; 0: $FERRY_IO_THREADS, else the online CPUs
-                                   clamped to 2..4 (copies out of the page cache are CPU work:
-                                   more threads than cores made them slower; reads from the disk
-                                   keep several requests in flight per worker anyway). Loader
-                                   threads: as many, and at least 4 (they mostly wait for reads
-                                   and device copies). ($FERRY_IO_BACKEND=threads|uring picks the
-                                   I/O backend.) */
+    uint32_t io_threads;        /* I/O workers; 0: $FERRY_IO_THREADS, else 4 (2 on a single
+                                   CPU: copies out of the page cache are CPU work). Loader
+                                   threads: as many, at least 2; at least 4 once a device the
+                                   host cannot read is added. Each loader has one tensor in
+                                   flight, faulting in its block, then reading into it.
+                                   ($FERRY_IO_BACKEND=threads|uring picks the I/O backend.) */
     uint64_t host_budget;       /* bytes of host RAM ferry may hold; 0: the default host
                                    budget (see ferry_set_budget); above the host's RAM or the
                                    memory cgroup's limit, ferry_create fails */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "ferry.h"
@@ -35,6 +36,8 @@ int main(void)
     CHECK_EQ_INT(s.request_bytes, 4u << 20);
     CHECK(s.backend && (!strcmp(s.backend, "threads") || !strcmp(s.backend, "uring")));
     CHECK_EQ_INT(settings(0, 0).request_bytes, 16u << 20); /* the default */
+    if (sysconf(_SC_NPROCESSORS_ONLN) > 1)
+        CHECK_EQ_INT(settings(0, 0).io_threads, 4); /* the default */
     CHECK_EQ_INT(settings(0, 1).request_bytes, 64u << 10); /* clamped up */
     CHECK_EQ_INT(settings(0, UINT64_MAX).request_bytes, 1u << 30);
     CHECK_EQ_INT(settings(0, (1u << 20) + 123).request_bytes, 1u << 20); /* block-aligned */

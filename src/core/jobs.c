@@ -690,8 +690,7 @@ static void *loader_main(void *arg)
 /* Loaders: as many as I/O workers (at least 2), and at least FERRY__DEVICE_LOADERS once a device
  * the host cannot read is added (ferry__loaders_for_device). Each loader has one tensor in flight
  * and, copying to a device, waits for its last chunks before the next: with 2 the link idles at
- * every layer. Host-only managers keep fewer, as the loaders' mmap and munmap contend with the
- * copies' page faults (bench/README.md, "eviction and the prefetch window"). */
+ * every layer. */
 #define FERRY__DEVICE_LOADERS 4u
 
 static int loaders_add(ferry *f, unsigned want)

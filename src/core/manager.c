@@ -14,6 +14,11 @@
 #include "core/core.h"
 #include "devices/devices.h"
 
+/* I/O workers, and so loaders, where neither the options nor the environment say: four loaders
+ * fault in fresh blocks and keep reads in flight while others copy, which on two CPUs made
+ * streamed passes and page-cache copies faster than two (bench/README.md, "Four I/O workers"). */
+#define FERRY__IO_THREADS 4u
+
 #define FERRY__DEVICE_MARGIN (UINT64_C(256) << 20)
 /* The host's margin: an eighth of what it can give, within these bounds (ferry.h). It covers
  * what ferry and the engine allocate outside the budget: I/O buffers, threads, metadata. */
@@ -79,7 +84,7 @@ ferry *ferry_create(const ferry_options *opt)
         const char *env = getenv("FERRY_IO_THREADS");
         long v = env ? strtol(env, NULL, 10) : 0;
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        f->opt.io_threads = v > 0 && v <= 64 ? (uint32_t)v : cpus < 2 ? 2 : cpus > 4 ? 4 : (uint32_t)cpus;
+        f->opt.io_threads = v > 0 && v <= 64 ? (uint32_t)v : cpus < 2 ? 2 : FERRY__IO_THREADS;
     }
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
