@@ -239,7 +239,8 @@ int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen)
     return rc;
 }
 
-uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads)
+uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, uint32_t n_batch,
+                            int n_threads)
 {
     (void)n_threads; /* the kernels use only their stack */
     uint64_t kv = 2ull * c->n_layer * n_ctx * c->kv_dim * sizeof(uint16_t);
@@ -254,7 +255,14 @@ uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads
                                      (uint64_t)c->dim * sizeof(float) +
                                      (3ull + c->n_layer) * c->n_expert_used * sizeof(uint32_t)
                                : 0;
-    return kv + act + row + vec + moe;
+    /* each token of a batch (batch_reserve): its residual stream, bx, by, bh, bh2, bk, bv, its
+     * prepared inputs, and for experts its selection, weights, prediction, routes and outputs */
+    uint64_t per = (c->dim + 2ull * widest + 2ull * c->ff + 2ull * c->kv_dim) * sizeof(float) +
+                   3 * ((vec / 3 + 63) / 64 * 64);
+    if (c->n_expert)
+        per += (uint64_t)c->n_expert_used *
+               ((5ull + c->n_layer) * sizeof(uint32_t) + (uint64_t)c->dim * sizeof(float));
+    return kv + act + row + vec + moe + (n_batch ? n_batch : 1) * per;
 }
 
 /* ---- the weights ---------------------------------------------------------------------------- */

@@ -64,9 +64,12 @@ typedef struct llama llama;
  * ERR. */
 int llama_read_config(ferry *f, llama_config *c, char *err, size_t errlen);
 
-/* Bytes the engine itself holds for a context of N_CTX positions and N_THREADS threads: the KV
- * cache, the activations and the threads' scratch. What it reserves against the host budget. */
-uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, int n_threads);
+/* Bytes the engine itself holds for a context of N_CTX positions, batches of up to N_BATCH tokens
+ * (llama_forward_batch; 0 counts as 1) and N_THREADS threads: the KV cache, the activations, a
+ * batch's vectors between its products and the threads' scratch. What it reserves against the
+ * host budget. */
+uint64_t llama_memory_bytes(const llama_config *c, uint32_t n_ctx, uint32_t n_batch,
+                            int n_threads);
 
 /* An engine over F's open model: finds every tensor, states what it expects of each
  * (ferry_expect) and validates, allocates the KV cache for N_CTX positions and starts N_THREADS

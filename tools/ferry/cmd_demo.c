@@ -115,7 +115,7 @@ static int demo_generate(const char *path, uint64_t model)
     }
     llama_config cfg;
     if (llama_read_config(f, &cfg, err, sizeof err) ||
-        ferry_reserve(f, 0, llama_memory_bytes(&cfg, N_GEN + 1, threads))) {
+        ferry_reserve(f, 0, llama_memory_bytes(&cfg, N_GEN + 1, 1, threads))) {
         rc = cli_fail(path, err[0] ? err : ferry_errmsg(f), -1);
         goto out;
     }

@@ -88,9 +88,10 @@ static int write_routing(FILE *tf, const llama *m, uint32_t n)
 }
 
 /* Reserves the engine's own memory (KV cache, activations, scratch) against the host budget. */
-static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx, int threads)
+static int reserve_engine_memory(ferry *f, const llama_config *c, uint32_t n_ctx,
+                                 uint32_t batch, int threads)
 {
-    uint64_t bytes = llama_memory_bytes(c, n_ctx, threads);
+    uint64_t bytes = llama_memory_bytes(c, n_ctx, batch, threads);
     if (ferry_reserve(f, 0, bytes))
         return cli_error("%s", ferry_errmsg(f));
     return 0;
@@ -242,7 +243,9 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_fail(argv[1], err, -1);
         goto out;
     }
-    if (reserve_engine_memory(f, &cfg, (uint32_t)n_ctx, (int)threads)) {
+    /* the largest batch the prompt is evaluated in */
+    uint32_t eval_batch = (uint32_t)((uint64_t)np < batch ? (uint64_t)np : batch);
+    if (reserve_engine_memory(f, &cfg, (uint32_t)n_ctx, eval_batch, (int)threads)) {
         rc = CLI_EXIT_FAIL;
         goto out;
     }
@@ -422,7 +425,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_key(&j, "model_bytes");
         cli_json_u64(&j, ferry_catalog_total_bytes(ferry_catalog_of(f)));
         cli_json_key(&j, "engine_bytes");
-        cli_json_u64(&j, llama_memory_bytes(c, (uint32_t)n_ctx, (int)threads));
+        cli_json_u64(&j, llama_memory_bytes(c, (uint32_t)n_ctx, eval_batch, (int)threads));
         cli_json_key(&j, "peak_rss_bytes");
         cli_json_u64(&j, cli_peak_rss());
         cli_json_key(&j, "prefetch_hits");
