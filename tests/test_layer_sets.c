@@ -2,10 +2,13 @@
  * test_layer_sets.c — how the tool cuts a model into the sets a pass prepares (tools/common/
  * layers.c): layers in file order, and split_large_sets, which streams a layer above a size tensor
  * by tensor: every tensor once, in order, bytes kept, W (two consecutive sets) shrinking to two
- * tensors, small layers left whole, and free_sets still freeing everything (ASan checks it).
+ * tensors, small layers left whole, and free_sets still freeing everything (ASan checks it);
+ * and split_large_tensors, which cuts a lone tensor above a size into row ranges (slices): the
+ * ranges cover its rows in order, none above the size, and their data is the tensor's.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "ferry.h"
@@ -67,6 +70,54 @@ int main(void)
     CHECK(in_order && i == tensors);
     CHECK_EQ_INT(bytes2, bytes);
     CHECK(sets_working_set(sets, n) < w_layers);
+
+    /* lone tensors above the threshold become row ranges of at most it, in order */
+    size_t big = 0;
+    for (size_t k = 0; k < n; k++)
+        big = sets[k].bytes > sets[big].bytes ? k : big;
+    CHECK_EQ_INT(sets[big].n, 1);
+    ferry_tensor *whole = sets[big].t[0];
+    ferry_tensor_info wi;
+    CHECK_EQ_INT(ferry_tensor_get_info(whole, &wi), 0);
+    uint64_t cut = wi.nbytes / 3 + 1; /* three ranges */
+    size_t n_before = n, at_big = big, over = 0;
+    for (size_t k = 0; k < n; k++)
+        over += sets[k].n == 1 && sets[k].bytes > cut;
+    CHECK(over >= 1);
+    CHECK_EQ_INT(split_large_tensors(f, &sets, &n, cut), 0);
+    CHECK(n > n_before);
+    uint64_t bytes3 = 0, rows = 0;
+    for (size_t k = 0; k < n; k++) {
+        CHECK(sets[k].n == 1 || sets[k].bytes <= limit);
+        CHECK(sets[k].n > 1 || sets[k].bytes <= cut || sets[k].bytes == 0);
+        bytes3 += sets[k].bytes;
+    }
+    CHECK_EQ_INT(bytes3, bytes);
+    /* the ranges of the largest tensor sit where it sat, and hold its rows and bytes */
+    unsigned char *ref = malloc(wi.nbytes);
+    CHECK_EQ_INT(ferry_tensor_read_file(f, whole, 0, wi.nbytes, ref), 0);
+    uint64_t off = 0;
+    int same_bytes = 1;
+    for (size_t k = at_big; k < n && rows < wi.n_rows; k++) {
+        ferry_tensor_info si;
+        CHECK_EQ_INT(ferry_tensor_get_info(sets[k].t[0], &si), 0);
+        CHECK_EQ_INT(si.offset, wi.offset + off);
+        CHECK(si.nbytes <= cut);
+        CHECK_EQ_INT(ferry_prepare(f, sets[k].t, 1), 0);
+        same_bytes &= memcmp(ferry_tensor_data(sets[k].t[0]), ref + off, si.nbytes) == 0;
+        ferry_release(f, sets[k].t, 1);
+        rows += si.n_rows;
+        off += si.nbytes;
+    }
+    CHECK(same_bytes);
+    CHECK_EQ_INT(rows, wi.n_rows);
+    CHECK_EQ_INT(off, wi.nbytes);
+    free(ref);
+    /* nothing above the threshold: unchanged */
+    same = sets;
+    n_same = n;
+    CHECK_EQ_INT(split_large_tensors(f, &sets, &n, UINT64_MAX), 0);
+    CHECK(sets == same && n == n_same);
     free(order);
     free_sets(sets);
     ferry_destroy(f);

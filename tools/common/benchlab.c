@@ -646,6 +646,8 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
         o.host_budget = budget;
     o.io_threads = b->stream_readers;
     o.io_request_bytes = b->stream_request;
+    if (b->split_large) /* the row ranges of split_large_tensors stream as the tensors they cut */
+        o.slice_evict = FERRY_SLICE_EVICT_CYCLIC;
     ferry *f = ferry_create(&o);
     if (!f)
         return cli_error("cannot make a manager with a host budget of %llu bytes (out of memory, "
@@ -698,8 +700,11 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
     if ((rc = build_sets(f, &sets, &nsets)))
         goto out;
     /* W is what is in use plus what is in flight: where a layer is above 1/32 of the budget
-     * (two layers would take a sixteenth of it from the kept set), tensors are those units */
-    if (b->split_large && budget && (rc = split_large_sets(&sets, &nsets, budget / 32)))
+     * (two layers would take a sixteenth of it from the kept set), tensors are those units, and
+     * a tensor above it is cut into row ranges */
+    if (b->split_large && budget &&
+        ((rc = split_large_sets(&sets, &nsets, budget / 32)) ||
+         (rc = split_large_tensors(f, &sets, &nsets, budget / 32))))
         goto out;
     r->sets = nsets;
     r->working_set = b->split_large ? sets_working_set(sets, nsets) : 0;

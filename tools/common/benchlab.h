@@ -76,7 +76,7 @@ typedef struct benchlab_stream {
     double first_efficiency;
     int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
     uint64_t working_set; /* W of this stream's sets (the capped stream cuts layers larger than
-                             B/32 into tensors); 0: benchlab.working_set */
+                             B/32 into tensors, and tensors larger than it into row ranges); 0: benchlab.working_set */
     size_t sets;          /* prepares per pass */
     double passes_per_second;  /* 1 / seconds_med */
     double target_passes_per_second; /* capped: 0.8 x O_DIRECT / (M - B) */
@@ -110,6 +110,7 @@ typedef struct benchlab {
     uint32_t stream_readers;   /* --stream-io: fixed I/O settings of the streams, no sweep */
     uint64_t stream_request;
     int split_large;           /* (internal) the capped stream: layers above B/32 cut into tensors,
+                                  tensors above it into row ranges (slices),
                                   no O_DIRECT limit reads inside the cgroup */
     unsigned threads;          /* threads of the compute passes (0: the online CPUs) */
 

@@ -107,3 +107,70 @@ uint64_t sets_working_set(const layer_set *sets, size_t n)
     }
     return w;
 }
+
+int split_large_tensors(ferry *f, layer_set **sets, size_t *n, uint64_t max_bytes)
+{
+    if (!max_bytes)
+        return 0;
+    /* pieces[k]: how many row ranges set k's lone tensor becomes (1: kept whole) */
+    size_t *pieces = calloc(*n ? *n : 1, sizeof *pieces);
+    if (!pieces)
+        return cli_error("out of memory");
+    size_t total = 0, entries = 0;
+    for (size_t k = 0; k < *n; k++) {
+        const layer_set *s = &(*sets)[k];
+        pieces[k] = 1;
+        ferry_tensor_info info;
+        if (s->n == 1 && s->bytes > max_bytes && ferry_tensor_get_info(s->t[0], &info) == 0 &&
+            info.ndim >= 2) {
+            uint64_t outer = (uint64_t)(info.format == FERRY_FORMAT_GGUF ? info.shape[info.ndim - 1]
+                                                                        : info.shape[0]);
+            uint64_t want = (s->bytes + max_bytes - 1) / max_bytes;
+            pieces[k] = (size_t)(want < outer ? want : outer);
+        }
+        total += pieces[k];
+        entries += pieces[k] > 1 ? pieces[k] : s->n;
+    }
+    if (total == *n) {
+        free(pieces);
+        return 0;
+    }
+    layer_set *out = calloc(total, sizeof *out);
+    ferry_tensor **all = calloc(entries, sizeof *all);
+    if (!out || !all) {
+        free(out), free(all), free(pieces);
+        return cli_error("out of memory");
+    }
+    size_t m = 0, e = 0;
+    for (size_t k = 0; k < *n; k++) {
+        const layer_set *s = &(*sets)[k];
+        if (pieces[k] == 1) {
+            out[m] = (layer_set){.t = &all[e], .n = s->n, .bytes = s->bytes};
+            for (size_t i = 0; i < s->n; i++)
+                all[e++] = s->t[i];
+            m++;
+            continue;
+        }
+        ferry_tensor_info info;
+        ferry_tensor_get_info(s->t[0], &info);
+        uint64_t outer = (uint64_t)(info.format == FERRY_FORMAT_GGUF ? info.shape[info.ndim - 1]
+                                                                    : info.shape[0]);
+        for (size_t p = 0; p < pieces[k]; p++) {
+            uint64_t r0 = outer * p / pieces[k], r1 = outer * (p + 1) / pieces[k];
+            ferry_tensor *sl = NULL;
+            if (ferry_slice(f, s->t[0], r0, r1 - r0, &sl)) {
+                int rc = cli_error("%s", ferry_errmsg(f));
+                free(out), free(all), free(pieces);
+                return rc;
+            }
+            all[e] = sl;
+            out[m++] = (layer_set){.t = &all[e++], .n = 1, .bytes = ferry_tensor_nbytes(sl)};
+        }
+    }
+    free(pieces);
+    free((*sets)[0].t);
+    free(*sets);
+    *sets = out;
+    *n = total;
+    return 0;
+}

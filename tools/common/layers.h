@@ -29,6 +29,14 @@ void free_sets(layer_set *sets);
  * holds a tensor in use and one in flight, not two layers. 0, or CLI_EXIT_FAIL (out of memory:
  * the sets unchanged) after printing why. */
 int split_large_sets(layer_set **sets, size_t *n, uint64_t max_bytes);
+/* Cuts the lone tensor of every set of more than MAX_BYTES (of 2 or more dims) into row ranges of
+ * its outermost dimension (ferry_slice), each a set of its own of at most MAX_BYTES (one row at
+ * least), in order: a tensor in use and one in flight then hold two ranges, not two whole tensors
+ * (an embedding table and an output head next to each other across a pass's wrap). The sets are
+ * rebuilt into a new array that set 0 owns. 0, or CLI_EXIT_FAIL after printing why (the sets
+ * unchanged). The manager must govern slices by the recorded order
+ * (FERRY_SLICE_EVICT_CYCLIC) for them to be prefetched as the tensors they replace. */
+int split_large_tensors(ferry *f, layer_set **sets, size_t *n, uint64_t max_bytes);
 /* W: the most bytes two consecutive layers hold together (the last and the first included: a
  * pass wraps around), or the one layer's bytes when there is only one. */
 uint64_t sets_working_set(const layer_set *sets, size_t n);

@@ -368,7 +368,7 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         }
         if (r->capped && (i == 0 || !b->streams[i - 1].capped))
             printf("  capped: inside %s of %s, host budget C - 256 MiB, %zu prepares a pass "
-                   "(layers above B/32 by tensor), W %s\n",
+                   "(layers above B/32 by tensor, tensors above it by row range), W %s\n",
                    b->cap_where, cli_size(b->cap, s1), r->sets,
                    cli_size(r->working_set, s2));
         char bud[40], io[96];
