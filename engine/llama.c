@@ -3,10 +3,11 @@
  *
  * Weights are matrices of rows x cols in their stored type (GGUF's ne[1] x ne[0]: each row is one
  * output feature, contiguous); the shape comments below are (rows, cols). Activations are f32.
- * Every matrix-vector product is ferry_matvec_q over chunks of rows the threads share, its input
- * prepared once the way llama.cpp's CPU back end takes it (q8_0 / q8_K blocks for quantized
- * weights, f16 / bf16 precision for f16 / bf16 ones); in runtime LoRA mode each adapter term
- * scale * B.(A.x) is added to the product here, in f32.
+ * Every matrix-vector product is ferry_matvec_q (ferry_matvec_q_n for a batch's vectors) over
+ * chunks of rows the threads share, its input prepared once the way llama.cpp's CPU back end
+ * takes it (q8_0 / q8_K blocks for quantized weights, f16 / bf16 precision for f16 / bf16
+ * ones); in runtime LoRA mode each adapter term scale * B.(A.x) is added to the product here,
+ * in f32.
  *
  * A mixture-of-experts layer keeps its experts in 3-D tensors (n_expert, rows, cols), expert e
  * the e-th block of rows, and each expert is a slice of its own (ferry_slice): the experts a
@@ -539,11 +540,10 @@ static void matvec_share(matvec_job *j, int k, int i)
     for (uint64_t c; (c = atomic_fetch_add(&j->next[k][i], 1)) < j->end[k][i];) {
         uint64_t r0 = c * j->chunk_rows[k];
         uint64_t r1 = r0 + j->chunk_rows[k] < o->rows ? r0 + j->chunk_rows[k] : o->rows;
-        /* types and shapes checked by matvec_add_batch before the job started */
-        for (uint32_t v = 0; v < o->nv; v++)
-            (void)ferry_matvec_q(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols,
-                                 (const uint8_t *)o->xq + v * o->xq_stride,
-                                 o->y + v * o->y_stride + r0);
+        /* types and shapes checked by matvec_add_batch before the job started; the vectors
+         * together, so that each block of weights is unpacked once for several of them */
+        (void)ferry_matvec_q_n(o->t, o->w + r0 * o->row_bytes, r1 - r0, o->cols, o->xq, o->nv,
+                               o->xq_stride, o->y + r0, o->y_stride);
     }
 }
 

@@ -502,21 +502,21 @@ VD_VBMI static inline __m512i hi_nibbles(__m512i q)
 /* Within each 128-bit lane, A's and B's adjacent int32 pairs added: lanes 4k.. of the result
  * hold a0 + a1, b0 + b1, a2 + a3, b2 + b3 of lanes 4k.. of A and B (blends move what the one
  * shuffle need not). */
-VD_VBMI static inline __m512i pairs_i32(__m512i a, __m512i b)
+VD_VNNI static inline __m512i pairs_i32(__m512i a, __m512i b)
 {
     __m512i x = _mm512_mask_blend_epi32(0xaaaa, a, b), y = _mm512_mask_blend_epi32(0xaaaa, b, a);
     return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_CDAB));
 }
 
 /* The same with int64 halves: lanes 4k.. hold (a0, a1) + (a2, a3), (b0, b1) + (b2, b3). */
-VD_VBMI static inline __m512i pairs_i64(__m512i a, __m512i b)
+VD_VNNI static inline __m512i pairs_i64(__m512i a, __m512i b)
 {
     __m512i x = _mm512_mask_blend_epi64(0xaa, a, b), y = _mm512_mask_blend_epi64(0xaa, b, a);
     return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_BADC));
 }
 
 /* Lane 4k + i of the result: the sum of the int32 lanes 4k..4k+3 of S[i] (i < 4). */
-VD_VBMI static inline __m512i sum4x4(const __m512i s[4])
+VD_VNNI static inline __m512i sum4x4(const __m512i s[4])
 {
     return pairs_i64(pairs_i32(s[0], s[1]), pairs_i32(s[2], s[3]));
 }
@@ -917,6 +917,153 @@ VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
     _mm256_storeu_ps(y, acc);
 }
 
+/* ---- several vectors at once (ferry_matvec_q_n), with AVX-512 VNNI ---------------------------- */
+
+/* Eight rows of q8_0 or q4_0 against up to eight vectors, two vectors to a 512-bit register (the
+ * first in the lower half). Each row's block is unpacked once into unsigned bytes, in both
+ * halves, and meets each pair of vectors in one vpdpbusd that starts from minus the offset's
+ * share (q8_0: the byte a + 128 for the weight a, so 128 * sum(x); q4_0: the nibble q, so
+ * 8 * sum(x)): the eight lanes of a half add up to the block's exact integer sum for that row and
+ * vector. That sum then meets the scale product in the fma of ferry_matvec_q, blocks in order,
+ * so every row and vector gets the bits of the one-vector kernels. */
+enum { MULTI_PAIRS = 4, MULTI_CHUNK = 32 }; /* vectors two to a step; blocks prepared at a time */
+
+/* One block of a pair of vectors as multi_rows8 takes it: their 32 int8 each (vector 2p + h in
+ * half h), minus the offset's share of their sums spread over the lanes that the reduction adds,
+ * and their scales, each in the eight lanes of its half. */
+typedef struct multi_x {
+    __m512i x, c;
+    __m512 d;
+} multi_x;
+
+/* Blocks B0..B0 + NB of the NV prepared vectors XQ (STRIDE bytes apart) into XS[b][pair] (at
+ * b * MULTI_PAIRS + pair); OFF is the weights' offset (128 or 8). An odd last vector is paired
+ * with itself. */
+VD_VNNI static void multi_prepare(const uint8_t *xq, uint64_t stride, int nv, uint64_t b0,
+                                  uint64_t nb, int off, multi_x *xs)
+{
+    const __m512i one = _mm512_set1_epi8(1), noff = _mm512_set1_epi32(-off);
+    for (uint64_t b = 0; b < nb; b++) {
+        for (int p = 0; p < (nv + 1) / 2; p++) {
+            int v1 = 2 * p + 1 < nv ? 2 * p + 1 : 2 * p;
+            const uint8_t *a = xq + (uint64_t)(2 * p) * stride + 34 * (b0 + b);
+            const uint8_t *c = xq + (uint64_t)v1 * stride + 34 * (b0 + b);
+            multi_x *m = &xs[b * MULTI_PAIRS + (uint64_t)p];
+            m->x = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 2))),
+                _mm256_loadu_si256((const __m256i *)(c + 2)), 1);
+            m->c = _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, m->x), noff);
+            __m256 da = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(a)));
+            __m256 dc = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(c)));
+            m->d = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
+                                                       _mm256_castps_pd(dc), 1));
+        }
+    }
+}
+
+/* Blocks B0..B0 + NB of eight rows RB apart from W (BS bytes a block; Q4: q4_0, else q8_0)
+ * against NP pairs of vectors XS (multi_prepare's), into ACC[p]: lane r (8 + r) row r's sum for
+ * vector 2p (2p + 1). */
+VD_VNNI static inline __attribute__((always_inline)) void
+multi_rows8(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint64_t nb,
+            const int q4, const int np, __m512 acc[MULTI_PAIRS])
+{
+    const uint64_t bs = q4 ? 18 : 34;
+    const __m256i rows = row_offsets(rb);
+    const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i nib = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint64_t off = bs * (b0 + b);
+        __m512i q[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *p = w + r * rb + off;
+            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
+            if (q4) /* low nibbles (elements 0..15) below, high (16..31) above, in each half */
+                q[r] = _mm512_and_si512(
+                    _mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))),
+                                      nib),
+                    m4);
+            else
+                q[r] = _mm512_xor_si512(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 2))), flip);
+        }
+        __m256 dw8 = scales8(w, rows, off);
+        __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(dw8)),
+                                                        _mm256_castps_pd(dw8), 1));
+#pragma GCC unroll 4
+        for (int p = 0; p < np; p++) {
+            const multi_x *m = &xs[b * MULTI_PAIRS + (uint64_t)p];
+            __m512i s[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                s[r] = _mm512_dpbusd_epi32(m->c, q[r], m->x);
+            /* lane 4k + i of U0 (U1): a quarter of row i's (4 + i's) sum for the vector of half
+             * k / 2; then rows 0..7 of the first vector in lanes 0..7, of the second in 8..15 */
+            __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+            __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                         _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+            c = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(dw, m->d), acc[p]);
+        }
+    }
+}
+
+/* multi_rows8 with Q4 and NP (1..MULTI_PAIRS) as constants. */
+VD_VNNI static void multi_group(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0,
+                                uint64_t nb, int q4, int np, __m512 acc[MULTI_PAIRS])
+{
+#define MULTI_CASE(Q, P)                                                                           \
+    case 2 * (P) + (Q): multi_rows8(w, rb, xs, b0, nb, (Q), (P), acc); break;
+    switch (2 * np + q4) {
+        MULTI_CASE(0, 1) MULTI_CASE(1, 1) MULTI_CASE(0, 2) MULTI_CASE(1, 2)
+        MULTI_CASE(0, 3) MULTI_CASE(1, 3) MULTI_CASE(0, 4) MULTI_CASE(1, 4)
+    default: break;
+    }
+#undef MULTI_CASE
+}
+
+/* ferry_matvec_q_n's rows in groups of eight for q8_0 or q4_0 (Q4) weights of N elements, RB
+ * bytes a row: vectors eight at a time, blocks MULTI_CHUNK at a time, each row's accumulators
+ * kept in Y between chunks. Returns the rows done (ROWS rounded down to a multiple of 8). */
+VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64_t rows,
+                                   uint64_t n, const uint8_t *xq, uint64_t xq_stride,
+                                   uint64_t nvec, float *y, uint64_t y_stride)
+{
+    const uint64_t nb = n / 32, groups = rows / 8;
+    multi_x xs[MULTI_CHUNK * MULTI_PAIRS];
+    for (uint64_t v0 = 0; v0 < nvec; v0 += 2 * MULTI_PAIRS) {
+        const int nv = (int)(nvec - v0 < 2 * MULTI_PAIRS ? nvec - v0 : 2 * MULTI_PAIRS);
+        const int np = (nv + 1) / 2;
+        const uint8_t *xv = xq + v0 * xq_stride;
+        float *yv = y + v0 * y_stride;
+        for (uint64_t b0 = 0; b0 < nb; b0 += MULTI_CHUNK) {
+            const uint64_t cb = nb - b0 < MULTI_CHUNK ? nb - b0 : MULTI_CHUNK;
+            multi_prepare(xv, xq_stride, nv, b0, cb, q4 ? 8 : 128, xs);
+            for (uint64_t g = 0; g < groups; g++) {
+                __m512 acc[MULTI_PAIRS];
+                for (int p = 0; p < np; p++) {
+                    float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
+                    float *y1 = 2 * p + 1 < nv ? y0 + y_stride : y0;
+                    acc[p] = b0 == 0 ? _mm512_setzero_ps()
+                                     : _mm512_castpd_ps(_mm512_insertf64x4(
+                                           _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(y0))),
+                                           _mm256_castps_pd(_mm256_loadu_ps(y1)), 1));
+                }
+                multi_group(w + 8 * g * rb, rb, xs, b0, cb, q4, np, acc);
+                for (int p = 0; p < np; p++) {
+                    float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
+                    _mm256_storeu_ps(y0, _mm512_castps512_ps256(acc[p]));
+                    if (2 * p + 1 < nv)
+                        _mm256_storeu_ps(y0 + y_stride,
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)));
+                }
+            }
+        }
+    }
+    return groups * 8;
+}
+
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                              float *y);
 
@@ -987,5 +1134,37 @@ int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, c
 #endif
     for (; r < rows; r++)
         y[r] = k(p + r * row_bytes, xq, cols);
+    return 0;
+}
+
+int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const void *xq,
+                     uint64_t n_vec, uint64_t xq_stride, float *y, uint64_t y_stride)
+{
+    if (!w || !xq || !y)
+        return FERRY_EINVAL;
+    uint64_t row_bytes;
+    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    if (rc)
+        return rc;
+    if (!ferry__dtype_readable(t))
+        return FERRY_EDTYPE;
+    if (n_vec > 1 && (xq_stride < ferry_matvec_vec_bytes(t, cols) || y_stride < rows))
+        return FERRY_EINVAL;
+    uint64_t r = 0;
+#ifdef VD_X86
+    if (n_vec > 1 && rows >= 8 && cols > 0 &&
+        (t == FERRY_DTYPE_Q8_0 || t == FERRY_DTYPE_Q4_0) &&
+        ferry__dtype_isa() >= FERRY__ISA_AVX512 && __builtin_cpu_supports("avx512vnni") &&
+        row_bytes <= INT32_MAX / 8)
+        r = multi_rows(t == FERRY_DTYPE_Q4_0, w, row_bytes, rows, cols, xq, xq_stride, n_vec, y,
+                       y_stride);
+#endif
+    /* the rest (every type, every kernel set) one vector at a time: the same bits */
+    for (uint64_t v = 0; v < n_vec && r < rows; v++) {
+        rc = ferry_matvec_q(t, (const uint8_t *)w + r * row_bytes, rows - r, cols,
+                            (const uint8_t *)xq + v * xq_stride, y + v * y_stride + r);
+        if (rc)
+            return rc;
+    }
     return 0;
 }
