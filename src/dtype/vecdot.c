@@ -523,7 +523,7 @@ VD_VNNI static inline __m512i sum4x4(const __m512i s[4])
 
 /* sum4x4 for lanes in [-8192, 8192]: vpackssdw then never saturates, on the lanes nor on their
  * pairs' sums, and vpmaddwd adds the pairs that it packs side by side. */
-VD_VBMI static inline __m512i sum4x4_small(const __m512i s[4])
+VD_VNNI static inline __m512i sum4x4_small(const __m512i s[4])
 {
     const __m512i one = _mm512_set1_epi16(1);
     __m512i a = _mm512_madd_epi16(_mm512_packs_epi32(s[0], s[1]), one);
@@ -917,24 +917,37 @@ VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
     _mm256_storeu_ps(y, acc);
 }
 
-/* ---- several vectors at once (ferry_matvec_q_n), with AVX-512 VNNI ---------------------------- */
+/* ---- several vectors at once (ferry_matvec_q_n), with AVX-512 VNNI -------------------------- */
 
 /* Eight rows of q8_0 or q4_0 against up to eight vectors, two vectors to a 512-bit register (the
  * first in the lower half). Each row's block is unpacked once into unsigned bytes, in both
- * halves, and meets each pair of vectors in one vpdpbusd that starts from minus the offset's
- * share (q8_0: the byte a + 128 for the weight a, so 128 * sum(x); q4_0: the nibble q, so
- * 8 * sum(x)): the eight lanes of a half add up to the block's exact integer sum for that row and
- * vector. That sum then meets the scale product in the fma of ferry_matvec_q, blocks in order,
- * so every row and vector gets the bits of the one-vector kernels. */
+ * halves, and meets each pair of vectors in one vpdpbusd; the eight lanes of a half, plus minus
+ * the offset's share (q8_0: the byte a + 128 for the weight a, so 128 * sum(x); q4_0: the nibble
+ * q, so 8 * sum(x)), add up to the block's exact integer sum for that row and vector. That sum
+ * then meets the scale product in the fma of ferry_matvec_q, blocks in order, so every row and
+ * vector gets the bits of the one-vector kernels. */
 enum { MULTI_PAIRS = 4, MULTI_CHUNK = 32 }; /* vectors two to a step; blocks prepared at a time */
 
 /* One block of a pair of vectors as multi_rows8 takes it: their 32 int8 each (vector 2p + h in
- * half h), minus the offset's share of their sums spread over the lanes that the reduction adds,
- * and their scales, each in the eight lanes of its half. */
+ * half h), and, each in the eight lanes of its half, minus the offset's share of their sums and
+ * their scales. */
 typedef struct multi_x {
     __m512i x, c;
     __m512 d;
 } multi_x;
+
+/* A and B as the lower and the upper half of one vector. */
+VD_VNNI static inline __m512 cat_ps(__m256 a, __m256 b)
+{
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+
+/* The upper half of V. */
+VD_VNNI static inline __m256 upper_ps(__m512 v)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
 
 /* Blocks B0..B0 + NB of the NV prepared vectors XQ (STRIDE bytes apart) into XS[b][pair] (at
  * b * MULTI_PAIRS + pair); OFF is the weights' offset (128 or 8). An odd last vector is paired
@@ -942,7 +955,6 @@ typedef struct multi_x {
 VD_VNNI static void multi_prepare(const uint8_t *xq, uint64_t stride, int nv, uint64_t b0,
                                   uint64_t nb, int off, multi_x *xs)
 {
-    const __m512i one = _mm512_set1_epi8(1), noff = _mm512_set1_epi32(-off);
     for (uint64_t b = 0; b < nb; b++) {
         for (int p = 0; p < (nv + 1) / 2; p++) {
             int v1 = 2 * p + 1 < nv ? 2 * p + 1 : 2 * p;
@@ -952,18 +964,20 @@ VD_VNNI static void multi_prepare(const uint8_t *xq, uint64_t stride, int nv, ui
             m->x = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 2))),
                 _mm256_loadu_si256((const __m256i *)(c + 2)), 1);
-            m->c = _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, m->x), noff);
-            __m256 da = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(a)));
-            __m256 dc = _mm256_set1_ps(_cvtsh_ss(ferry__ld16(c)));
-            m->d = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
-                                                       _mm256_castps_pd(dc), 1));
+            /* each half's sum in its eight lanes: per 128 bits, then the two of a half */
+            __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), m->x);
+            sx = _mm512_add_epi32(sx, _mm512_shuffle_epi32(sx, _MM_PERM_BADC));
+            sx = _mm512_add_epi32(sx, _mm512_shuffle_epi32(sx, _MM_PERM_CDAB));
+            sx = _mm512_add_epi32(sx, _mm512_shuffle_i64x2(sx, sx, _MM_SHUFFLE(2, 3, 0, 1)));
+            m->c = _mm512_mullo_epi32(sx, _mm512_set1_epi32(-off));
+            m->d = cat_ps(_mm256_set1_ps(_cvtsh_ss(ferry__ld16(a))),
+                          _mm256_set1_ps(_cvtsh_ss(ferry__ld16(c))));
         }
     }
 }
 
-/* Blocks B0..B0 + NB of eight rows RB apart from W (BS bytes a block; Q4: q4_0, else q8_0)
- * against NP pairs of vectors XS (multi_prepare's), into ACC[p]: lane r (8 + r) row r's sum for
- * vector 2p (2p + 1). */
+/* Blocks B0..B0 + NB of eight rows RB apart from W (Q4: q4_0, else q8_0) against NP pairs of
+ * vectors XS (multi_prepare's), into ACC[p]: lane r (8 + r) row r's sum for vector 2p (2p + 1). */
 VD_VNNI static inline __attribute__((always_inline)) void
 multi_rows8(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint64_t nb,
             const int q4, const int np, __m512 acc[MULTI_PAIRS])
@@ -972,6 +986,9 @@ multi_rows8(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint6
     const __m256i rows = row_offsets(rb);
     const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     const __m512i nib = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    __m512 a[MULTI_PAIRS]; /* ACC in registers: XS's loads may alias it */
+    for (int p = 0; p < np; p++)
+        a[p] = acc[p];
     for (uint64_t b = 0; b < nb; b++) {
         const uint64_t off = bs * (b0 + b);
         __m512i q[8];
@@ -979,34 +996,37 @@ multi_rows8(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint6
         for (int r = 0; r < 8; r++) {
             const uint8_t *p = w + r * rb + off;
             _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
-            if (q4) /* low nibbles (elements 0..15) below, high (16..31) above, in each half */
-                q[r] = _mm512_and_si512(
-                    _mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))),
-                                      nib),
-                    m4);
-            else
+            if (q4) { /* low nibbles (elements 0..15) below, high (16..31) above, in each half */
+                __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2)));
+                q[r] = _mm512_and_si512(_mm512_srlv_epi64(v, nib), m4);
+            } else {
                 q[r] = _mm512_xor_si512(
                     _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 2))), flip);
+            }
         }
         __m256 dw8 = scales8(w, rows, off);
-        __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(dw8)),
-                                                        _mm256_castps_pd(dw8), 1));
+        __m512 dw = cat_ps(dw8, dw8);
 #pragma GCC unroll 4
         for (int p = 0; p < np; p++) {
             const multi_x *m = &xs[b * MULTI_PAIRS + (uint64_t)p];
             __m512i s[8];
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++)
-                s[r] = _mm512_dpbusd_epi32(m->c, q[r], m->x);
+                s[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], m->x);
             /* lane 4k + i of U0 (U1): a quarter of row i's (4 + i's) sum for the vector of half
-             * k / 2; then rows 0..7 of the first vector in lanes 0..7, of the second in 8..15 */
-            __m512i u0 = sum4x4(s), u1 = sum4x4(s + 4);
+             * k / 2 (q4_0's lanes, four products of a nibble and an int8, are in the range of
+             * sum4x4_small); then rows 0..7 of the first vector in lanes 0..7, of the second
+             * in 8..15 */
+            __m512i u0 = q4 ? sum4x4_small(s) : sum4x4(s);
+            __m512i u1 = q4 ? sum4x4_small(s + 4) : sum4x4(s + 4);
             __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
                                          _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-            c = _mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0));
-            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(dw, m->d), acc[p]);
+            c = _mm512_add_epi32(_mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0)), m->c);
+            a[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(dw, m->d), a[p]);
         }
     }
+    for (int p = 0; p < np; p++)
+        acc[p] = a[p];
 }
 
 /* multi_rows8 with Q4 and NP (1..MULTI_PAIRS) as constants. */
@@ -1046,17 +1066,14 @@ VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64
                     float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
                     float *y1 = 2 * p + 1 < nv ? y0 + y_stride : y0;
                     acc[p] = b0 == 0 ? _mm512_setzero_ps()
-                                     : _mm512_castpd_ps(_mm512_insertf64x4(
-                                           _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(y0))),
-                                           _mm256_castps_pd(_mm256_loadu_ps(y1)), 1));
+                                     : cat_ps(_mm256_loadu_ps(y0), _mm256_loadu_ps(y1));
                 }
                 multi_group(w + 8 * g * rb, rb, xs, b0, cb, q4, np, acc);
                 for (int p = 0; p < np; p++) {
                     float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
                     _mm256_storeu_ps(y0, _mm512_castps512_ps256(acc[p]));
                     if (2 * p + 1 < nv)
-                        _mm256_storeu_ps(y0 + y_stride,
-                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)));
+                        _mm256_storeu_ps(y0 + y_stride, upper_ps(acc[p]));
                 }
             }
         }
