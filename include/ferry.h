@@ -214,10 +214,11 @@ FERRY_API int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64
  * COLS)) and y_v at Y + v * Y_STRIDE floats (Y_STRIDE at least ROWS; the y_v must not overlap
  * each other or the inputs). Every y_v[r] has the bits that ferry_matvec_q gives for row r and
  * XQ_v, on every kernel set: the same per-block integer sums and the same fmas, blocks in order.
- * For q8_0 and q4_0 weights on a CPU with AVX-512 VNNI, each block of eight rows is unpacked once
- * for up to eight vectors; other types and kernel sets take the vectors one at a time. Errors as
- * ferry_matvec_q, and FERRY_EINVAL for a stride too small (N_VEC above 1); N_VEC 0 computes
- * nothing. Thread-safe as ferry_matvec_q: threads may each take a block of rows. */
+ * For q8_0 and q4_0 weights on a CPU with AVX-512 VNNI, each weight block is unpacked once for
+ * up to sixteen vectors; other types and kernel sets take the vectors one at a time, as do the
+ * last one or two when N_VEC is one or two above a multiple of four. Errors as ferry_matvec_q,
+ * and FERRY_EINVAL for a stride too small (N_VEC above 1); N_VEC 0 computes nothing.
+ * Thread-safe as ferry_matvec_q: threads may each take a block of rows. */
 FERRY_API int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
                                const void *xq, uint64_t n_vec, uint64_t xq_stride, float *y,
                                uint64_t y_stride);

@@ -919,123 +919,122 @@ VD_VBMI static void q6_k_rows8_vbmi(const uint8_t *w, uint64_t rb, const uint8_t
 
 /* ---- several vectors at once (ferry_matvec_q_n), with AVX-512 VNNI -------------------------- */
 
-/* Eight rows of q8_0 or q4_0 against up to eight vectors, two vectors to a 512-bit register (the
- * first in the lower half). Each row's block is unpacked once into unsigned bytes, in both
- * halves, and meets each pair of vectors in one vpdpbusd; the eight lanes of a half, plus minus
- * the offset's share (q8_0: the byte a + 128 for the weight a, so 128 * sum(x); q4_0: the nibble
- * q, so 8 * sum(x)), add up to the block's exact integer sum for that row and vector. That sum
- * then meets the scale product in the fma of ferry_matvec_q, blocks in order, so every row and
- * vector gets the bits of the one-vector kernels. */
-enum { MULTI_PAIRS = 4, MULTI_CHUNK = 32 }; /* vectors two to a step; blocks prepared at a time */
+/* Four rows of q8_0 or q4_0 against up to sixteen vectors, four vectors to a 512-bit register
+ * (vector k of four in the 128-bit lane k). Each row's block is unpacked once into 32 unsigned
+ * bytes, its first and its last 16 each broadcast to a whole register, and meets each four
+ * vectors in two vpdpbusd, against their elements 0..15 and 16..31: lane 4k + j then holds eight
+ * products of vector k. The four lanes of a vector, plus minus the offset's share (q8_0: the
+ * byte a + 128 for the weight a, so 128 * sum(x); q4_0: the nibble q, so 8 * sum(x)), add up to
+ * the block's exact integer sum for that row and vector, which meets the scale product in the
+ * fma of ferry_matvec_q, blocks in order: every row and vector gets the bits of the one-vector
+ * kernels. */
+enum { MULTI_QUADS = 4, MULTI_CHUNK = 32 }; /* vectors four to a step; blocks prepared at a time */
 
-/* One block of a pair of vectors as multi_rows8 takes it: their 32 int8 each (vector 2p + h in
- * half h), and, each in the eight lanes of its half, minus the offset's share of their sums and
- * their scales. */
+/* One block of four vectors as multi_rows4 takes it, vector k in the 128-bit lane k: their
+ * elements 0..15 (LO) and 16..31 (HI) as int8, and in the four lanes of each vector minus the
+ * offset's share of its sum (C) and its scale (D). */
 typedef struct multi_x {
-    __m512i x, c;
+    __m512i lo, hi, c;
     __m512 d;
 } multi_x;
 
-/* A and B as the lower and the upper half of one vector. */
-VD_VNNI static inline __m512 cat_ps(__m256 a, __m256 b)
-{
-    return _mm512_castpd_ps(
-        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
-}
-
-/* The upper half of V. */
-VD_VNNI static inline __m256 upper_ps(__m512 v)
-{
-    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-}
-
-/* Blocks B0..B0 + NB of the NV prepared vectors XQ (STRIDE bytes apart) into XS[b][pair] (at
- * b * MULTI_PAIRS + pair); OFF is the weights' offset (128 or 8). An odd last vector is paired
- * with itself. */
+/* Blocks B0..B0 + NB of the NV prepared vectors XQ (STRIDE bytes apart) into XS[b][quad] (at
+ * b * MULTI_QUADS + quad); OFF is the weights' offset (128 or 8). A last quad of fewer than four
+ * vectors repeats its last one. */
 VD_VNNI static void multi_prepare(const uint8_t *xq, uint64_t stride, int nv, uint64_t b0,
                                   uint64_t nb, int off, multi_x *xs)
 {
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (uint64_t b = 0; b < nb; b++) {
-        for (int p = 0; p < (nv + 1) / 2; p++) {
-            int v1 = 2 * p + 1 < nv ? 2 * p + 1 : 2 * p;
-            const uint8_t *a = xq + (uint64_t)(2 * p) * stride + 34 * (b0 + b);
-            const uint8_t *c = xq + (uint64_t)v1 * stride + 34 * (b0 + b);
-            multi_x *m = &xs[b * MULTI_PAIRS + (uint64_t)p];
-            m->x = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 2))),
-                _mm256_loadu_si256((const __m256i *)(c + 2)), 1);
-            /* each half's sum in its eight lanes: per 128 bits, then the two of a half */
-            __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), m->x);
+        for (int g = 0; g < (nv + 3) / 4; g++) {
+            __m512i lo = _mm512_setzero_si512(), hi = lo;
+            uint16_t h[8] = {0};
+            for (int k = 0; k < 4; k++) {
+                int v = 4 * g + k < nv ? 4 * g + k : nv - 1;
+                const uint8_t *p = xq + (uint64_t)v * stride + 34 * (b0 + b);
+                __mmask16 lane = (__mmask16)(0xfu << (4 * k));
+                __m128i l = _mm_loadu_si128((const __m128i *)(p + 2));
+                __m128i u = _mm_loadu_si128((const __m128i *)(p + 18));
+                lo = _mm512_mask_broadcast_i32x4(lo, lane, l);
+                hi = _mm512_mask_broadcast_i32x4(hi, lane, u);
+                h[k] = ferry__ld16(p);
+            }
+            multi_x *m = &xs[b * MULTI_QUADS + (uint64_t)g];
+            m->lo = lo;
+            m->hi = hi;
+            /* each vector's sum in its four lanes */
+            __m512i sx = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, lo),
+                                             one, hi);
             sx = _mm512_add_epi32(sx, _mm512_shuffle_epi32(sx, _MM_PERM_BADC));
             sx = _mm512_add_epi32(sx, _mm512_shuffle_epi32(sx, _MM_PERM_CDAB));
-            sx = _mm512_add_epi32(sx, _mm512_shuffle_i64x2(sx, sx, _MM_SHUFFLE(2, 3, 0, 1)));
             m->c = _mm512_mullo_epi32(sx, _mm512_set1_epi32(-off));
-            m->d = cat_ps(_mm256_set1_ps(_cvtsh_ss(ferry__ld16(a))),
-                          _mm256_set1_ps(_cvtsh_ss(ferry__ld16(c))));
+            __m128 d4 = _mm_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
+            m->d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
         }
     }
 }
 
-/* Blocks B0..B0 + NB of eight rows RB apart from W (Q4: q4_0, else q8_0) against NP pairs of
- * vectors XS (multi_prepare's), into ACC[p]: lane r (8 + r) row r's sum for vector 2p (2p + 1). */
+/* Blocks B0..B0 + NB of four rows RB apart from W (Q4: q4_0, else q8_0) against NQ quads of
+ * vectors XS (multi_prepare's), into ACC[g]: lane 4k + i row i's sum for vector 4g + k. */
 VD_VNNI static inline __attribute__((always_inline)) void
-multi_rows8(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint64_t nb,
-            const int q4, const int np, __m512 acc[MULTI_PAIRS])
+multi_rows4(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0, uint64_t nb,
+            const int q4, const int nq, __m512 acc[MULTI_QUADS])
 {
     const uint64_t bs = q4 ? 18 : 34;
-    const __m256i rows = row_offsets(rb);
+    const __m128i rows = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)rb));
     const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-    const __m512i nib = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-    __m512 a[MULTI_PAIRS]; /* ACC in registers: XS's loads may alias it */
-    for (int p = 0; p < np; p++)
-        a[p] = acc[p];
+    __m512 a[MULTI_QUADS]; /* ACC in registers: XS's loads may alias it */
+    for (int g = 0; g < nq; g++)
+        a[g] = acc[g];
     for (uint64_t b = 0; b < nb; b++) {
         const uint64_t off = bs * (b0 + b);
-        __m512i q[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
+        __m512i wl[4], wh[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
             const uint8_t *p = w + r * rb + off;
-            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
-            if (q4) { /* low nibbles (elements 0..15) below, high (16..31) above, in each half */
-                __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2)));
-                q[r] = _mm512_and_si512(_mm512_srlv_epi64(v, nib), m4);
+            _mm_prefetch((const char *)(p + 4 * rb), _MM_HINT_T1);
+            __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2)));
+            if (q4) { /* low nibbles: elements 0..15; high: 16..31 */
+                wl[r] = _mm512_and_si512(v, m4);
+                wh[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             } else {
-                q[r] = _mm512_xor_si512(
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 2))), flip);
+                wl[r] = _mm512_xor_si512(v, flip);
+                wh[r] = _mm512_xor_si512(
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), flip);
             }
         }
-        __m256 dw8 = scales8(w, rows, off);
-        __m512 dw = cat_ps(dw8, dw8);
+        /* the four rows' scales, row i in lane 4k + i */
+        __m128i g4 = _mm_i32gather_epi32((const int *)(const void *)(w + off), rows, 1);
+        __m512 dw = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_packus_epi32(
+            _mm_and_si128(g4, _mm_set1_epi32(0xffff)), _mm_setzero_si128())));
 #pragma GCC unroll 4
-        for (int p = 0; p < np; p++) {
-            const multi_x *m = &xs[b * MULTI_PAIRS + (uint64_t)p];
-            __m512i s[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++)
-                s[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], m->x);
-            /* lane 4k + i of U0 (U1): a quarter of row i's (4 + i's) sum for the vector of half
-             * k / 2 (q4_0's lanes, four products of a nibble and an int8, are in the range of
-             * sum4x4_small); then rows 0..7 of the first vector in lanes 0..7, of the second
-             * in 8..15 */
-            __m512i u0 = q4 ? sum4x4_small(s) : sum4x4(s);
-            __m512i u1 = q4 ? sum4x4_small(s + 4) : sum4x4(s + 4);
-            __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                         _mm512_shuffle_i64x2(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-            c = _mm512_add_epi32(_mm512_shuffle_i64x2(c, c, _MM_SHUFFLE(3, 1, 2, 0)), m->c);
-            a[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(dw, m->d), a[p]);
+        for (int g = 0; g < nq; g++) {
+            const multi_x *m = &xs[b * MULTI_QUADS + (uint64_t)g];
+            __m512i s[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                s[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl[r], m->lo);
+                s[r] = _mm512_dpbusd_epi32(s[r], wh[r], m->hi);
+            }
+            /* lane 4k + i: row i's sum for vector k. q4_0's lanes, eight products of a nibble
+             * and an int8 each, lie in [-15360, 15360]: their pairs' sums fit an int16, so
+             * sum4x4_small's packs do not saturate */
+            __m512i u = _mm512_add_epi32(q4 ? sum4x4_small(s) : sum4x4(s), m->c);
+            a[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(dw, m->d), a[g]);
         }
     }
-    for (int p = 0; p < np; p++)
-        acc[p] = a[p];
+    for (int g = 0; g < nq; g++)
+        acc[g] = a[g];
 }
 
-/* multi_rows8 with Q4 and NP (1..MULTI_PAIRS) as constants. */
+/* multi_rows4 with Q4 and NQ (1..MULTI_QUADS) as constants. */
 VD_VNNI static void multi_group(const uint8_t *w, uint64_t rb, const multi_x *xs, uint64_t b0,
-                                uint64_t nb, int q4, int np, __m512 acc[MULTI_PAIRS])
+                                uint64_t nb, int q4, int nq, __m512 acc[MULTI_QUADS])
 {
-#define MULTI_CASE(Q, P)                                                                           \
-    case 2 * (P) + (Q): multi_rows8(w, rb, xs, b0, nb, (Q), (P), acc); break;
-    switch (2 * np + q4) {
+#define MULTI_CASE(Q, G)                                                                           \
+    case 2 * (G) + (Q): multi_rows4(w, rb, xs, b0, nb, (Q), (G), acc); break;
+    switch (2 * nq + q4) {
         MULTI_CASE(0, 1) MULTI_CASE(1, 1) MULTI_CASE(0, 2) MULTI_CASE(1, 2)
         MULTI_CASE(0, 3) MULTI_CASE(1, 3) MULTI_CASE(0, 4) MULTI_CASE(1, 4)
     default: break;
@@ -1043,42 +1042,50 @@ VD_VNNI static void multi_group(const uint8_t *w, uint64_t rb, const multi_x *xs
 #undef MULTI_CASE
 }
 
-/* ferry_matvec_q_n's rows in groups of eight for q8_0 or q4_0 (Q4) weights of N elements, RB
- * bytes a row: vectors eight at a time, blocks MULTI_CHUNK at a time, each row's accumulators
- * kept in Y between chunks. Returns the rows done (ROWS rounded down to a multiple of 8). */
+/* ferry_matvec_q_n's rows in groups of four for q8_0 or q4_0 (Q4) weights of N elements, RB
+ * bytes a row: vectors sixteen at a time, blocks MULTI_CHUNK at a time, each row's accumulators
+ * kept in Y between chunks. Returns the rows done (ROWS rounded down to a multiple of 4). */
 VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64_t rows,
                                    uint64_t n, const uint8_t *xq, uint64_t xq_stride,
                                    uint64_t nvec, float *y, uint64_t y_stride)
 {
-    const uint64_t nb = n / 32, groups = rows / 8;
-    multi_x xs[MULTI_CHUNK * MULTI_PAIRS];
-    for (uint64_t v0 = 0; v0 < nvec; v0 += 2 * MULTI_PAIRS) {
-        const int nv = (int)(nvec - v0 < 2 * MULTI_PAIRS ? nvec - v0 : 2 * MULTI_PAIRS);
-        const int np = (nv + 1) / 2;
+    const uint64_t nb = n / 32, groups = rows / 4;
+    multi_x xs[MULTI_CHUNK * MULTI_QUADS];
+    for (uint64_t v0 = 0; v0 < nvec; v0 += 4 * MULTI_QUADS) {
+        const int nv = (int)(nvec - v0 < 4 * MULTI_QUADS ? nvec - v0 : 4 * MULTI_QUADS);
+        const int nq = (nv + 3) / 4;
         const uint8_t *xv = xq + v0 * xq_stride;
         float *yv = y + v0 * y_stride;
         for (uint64_t b0 = 0; b0 < nb; b0 += MULTI_CHUNK) {
             const uint64_t cb = nb - b0 < MULTI_CHUNK ? nb - b0 : MULTI_CHUNK;
             multi_prepare(xv, xq_stride, nv, b0, cb, q4 ? 8 : 128, xs);
-            for (uint64_t g = 0; g < groups; g++) {
-                __m512 acc[MULTI_PAIRS];
-                for (int p = 0; p < np; p++) {
-                    float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
-                    float *y1 = 2 * p + 1 < nv ? y0 + y_stride : y0;
-                    acc[p] = b0 == 0 ? _mm512_setzero_ps()
-                                     : cat_ps(_mm256_loadu_ps(y0), _mm256_loadu_ps(y1));
+            for (uint64_t r0 = 0; r0 < 4 * groups; r0 += 4) {
+                __m512 acc[MULTI_QUADS];
+                for (int g = 0; g < nq; g++) {
+                    acc[g] = _mm512_setzero_ps();
+                    for (int k = 0; k < 4 && b0 > 0; k++) {
+                        int v = 4 * g + k < nv ? 4 * g + k : nv - 1;
+                        acc[g] = _mm512_mask_broadcast_f32x4(
+                            acc[g], (__mmask16)(0xfu << (4 * k)),
+                            _mm_loadu_ps(yv + (uint64_t)v * y_stride + r0));
+                    }
                 }
-                multi_group(w + 8 * g * rb, rb, xs, b0, cb, q4, np, acc);
-                for (int p = 0; p < np; p++) {
-                    float *y0 = yv + (uint64_t)(2 * p) * y_stride + 8 * g;
-                    _mm256_storeu_ps(y0, _mm512_castps512_ps256(acc[p]));
-                    if (2 * p + 1 < nv)
-                        _mm256_storeu_ps(y0 + y_stride, upper_ps(acc[p]));
+                multi_group(w + r0 * rb, rb, xs, b0, cb, q4, nq, acc);
+                for (int g = 0; g < nq; g++) {
+                    __m512 t = acc[g];
+                    float *y0 = yv + (uint64_t)(4 * g) * y_stride + r0;
+                    _mm_storeu_ps(y0, _mm512_castps512_ps128(t));
+                    if (4 * g + 1 < nv)
+                        _mm_storeu_ps(y0 + y_stride, _mm512_extractf32x4_ps(t, 1));
+                    if (4 * g + 2 < nv)
+                        _mm_storeu_ps(y0 + 2 * y_stride, _mm512_extractf32x4_ps(t, 2));
+                    if (4 * g + 3 < nv)
+                        _mm_storeu_ps(y0 + 3 * y_stride, _mm512_extractf32x4_ps(t, 3));
                 }
             }
         }
     }
-    return groups * 8;
+    return 4 * groups;
 }
 
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
@@ -1167,19 +1174,27 @@ int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
         return FERRY_EDTYPE;
     if (n_vec > 1 && (xq_stride < ferry_matvec_vec_bytes(t, cols) || y_stride < rows))
         return FERRY_EINVAL;
-    uint64_t r = 0;
+    /* the first NM vectors' first R rows together; the rest (every type, every kernel set) one
+     * vector at a time, which gives the same bits */
+    uint64_t nm = 0, r = 0;
 #ifdef VD_X86
-    if (n_vec > 1 && rows >= 8 && cols > 0 &&
-        (t == FERRY_DTYPE_Q8_0 || t == FERRY_DTYPE_Q4_0) &&
+    if (rows >= 4 && cols > 0 && (t == FERRY_DTYPE_Q8_0 || t == FERRY_DTYPE_Q4_0) &&
         ferry__dtype_isa() >= FERRY__ISA_AVX512 && __builtin_cpu_supports("avx512vnni") &&
-        row_bytes <= INT32_MAX / 8)
-        r = multi_rows(t == FERRY_DTYPE_Q4_0, w, row_bytes, rows, cols, xq, xq_stride, n_vec, y,
-                       y_stride);
+        row_bytes <= INT32_MAX / 8) {
+        /* whole steps of four vectors, and a last step of three: fewer leave too much of a
+         * step unused */
+        nm = n_vec % 4 == 3 ? n_vec : n_vec - n_vec % 4;
+        if (nm)
+            r = multi_rows(t == FERRY_DTYPE_Q4_0, w, row_bytes, rows, cols, xq, xq_stride, nm, y,
+                           y_stride);
+    }
 #endif
-    /* the rest (every type, every kernel set) one vector at a time: the same bits */
-    for (uint64_t v = 0; v < n_vec && r < rows; v++) {
-        rc = ferry_matvec_q(t, (const uint8_t *)w + r * row_bytes, rows - r, cols,
-                            (const uint8_t *)xq + v * xq_stride, y + v * y_stride + r);
+    for (uint64_t v = 0; v < n_vec; v++) {
+        uint64_t r0 = v < nm ? r : 0;
+        if (r0 == rows)
+            continue;
+        rc = ferry_matvec_q(t, (const uint8_t *)w + r0 * row_bytes, rows - r0, cols,
+                            (const uint8_t *)xq + v * xq_stride, y + v * y_stride + r0);
         if (rc)
             return rc;
     }
