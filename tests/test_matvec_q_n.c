@@ -2,7 +2,7 @@
  * test_matvec_q_n.c — ferry_matvec_q_n, the product of a weight with several prepared vectors:
  * every vector's every row has the bits of ferry_matvec_q for that row and vector, on every
  * kernel set this CPU runs, for every type it takes (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K,
- * q6_K), row counts that are and are not multiples of eight, 1 to 9 vectors and more, rows of one
+ * q6_K), row counts that are and are not multiples of four, 1 to 9 vectors and more, rows of one
  * block to more than one chunk of blocks, and strides wider than a vector. For q8_0 and q4_0 the
  * value is also the definition computed here from the formats (per block the exact integer sum,
  * one fma with the product of the two f16 scales, blocks in order), and close to the product of
