@@ -1088,6 +1088,177 @@ VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64
     return 4 * groups;
 }
 
+/* ---- several vectors at once (ferry_matvec_q_n), with AVX2 ------------------------------------ */
+
+/* Four rows of q8_0 or q4_0 against up to eight vectors, two to a 256-bit register (vector k of
+ * two in the 128-bit lane k). Each row's block is unpacked once (q8_0: the int8 a and |a|; q4_0:
+ * the nibbles q, 0..15) and meets each vector's 32 int8 in one vpmaddubsw and one vpmaddwd: q8_0
+ * as |a| times x with a's sign, q4_0 as q times x, whose sum less 8 * sum(x) is the sum of
+ * (q - 8) x. Eight such lanes of sums, four rows of two vectors, reduce to one register whose lane
+ * 4k + i holds the block's exact integer sum for row i and vector k, which meets the scale
+ * product in the fma of ferry_matvec_q, blocks in order: every row and vector gets the bits of
+ * the AVX2 one-vector kernels. */
+enum { AVX2_PAIRS = 4, AVX2_GROUP = 32 }; /* pairs of vectors a step; vectors prepared at a time */
+
+/* One block of a pair of vectors as avx2_rows4 takes it, vector k in the 128-bit lane k: each
+ * vector's scale (D) and, for q4_0, minus 8 times the sum of its elements (C). */
+typedef struct avx2_x {
+    __m256 d;
+    __m256i c;
+} avx2_x;
+
+/* Blocks B0..B0 + NB of the NV prepared vectors at XP[0..NV-1] into XS[b][pair] (at
+ * b * AVX2_GROUP / 2 + pair). A last pair of one vector repeats it. */
+VD_AVX2 static void avx2_prepare(const uint8_t *const *xp, int nv, uint64_t b0, uint64_t nb,
+                                 avx2_x *xs)
+{
+    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (uint64_t b = 0; b < nb; b++) {
+        for (int g = 0; g < (nv + 1) / 2; g++) {
+            const uint8_t *p0 = xp[2 * g] + 34 * (b0 + b);
+            const uint8_t *p1 = xp[2 * g + 1 < nv ? 2 * g + 1 : 2 * g] + 34 * (b0 + b);
+            avx2_x *m = &xs[b * (AVX2_GROUP / 2) + (uint64_t)g];
+            m->d = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(ferry__ld16(p1))),
+                                   _mm_set1_ps(_cvtsh_ss(ferry__ld16(p0))));
+            __m256i s0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(one8, _mm256_loadu_si256((const __m256i *)(p0 + 2))), one16);
+            __m256i s1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(one8, _mm256_loadu_si256((const __m256i *)(p1 + 2))), one16);
+            m->c = _mm256_set_m128i(_mm_set1_epi32(-8 * hsum_i32(s1)),
+                                    _mm_set1_epi32(-8 * hsum_i32(s0)));
+        }
+    }
+}
+
+/* The exact sums of the eight int32 lanes of each of S[0..7], S[j] in lane j. */
+VD_AVX2 static inline __m256i sum8x8_avx2(const __m256i s[8])
+{
+    __m256i t0 = _mm256_hadd_epi32(s[0], s[1]), t1 = _mm256_hadd_epi32(s[2], s[3]);
+    __m256i t2 = _mm256_hadd_epi32(s[4], s[5]), t3 = _mm256_hadd_epi32(s[6], s[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_blend_epi32(u0, u1, 0xf0),
+                            _mm256_permute2x128_si256(u0, u1, 0x21));
+}
+
+/* Blocks B0..B0 + NB of four rows RB apart from W (Q4: q4_0, else q8_0) against NP pairs of the
+ * vectors at XP (their blocks' scales and sums in XS, avx2_prepare's), into ACC[g]: lane 4k + i
+ * row i's sum for vector 2g + k. */
+VD_AVX2 static inline __attribute__((always_inline)) void
+avx2_rows4(const uint8_t *w, uint64_t rb, const uint8_t *const *xp, const avx2_x *xs,
+           uint64_t b0, uint64_t nb, const int q4, const int np, __m256 acc[AVX2_PAIRS])
+{
+    const uint64_t bs = q4 ? 18 : 34;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    __m256 a[AVX2_PAIRS];
+    for (int g = 0; g < np; g++)
+        a[g] = acc[g];
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint64_t off = bs * (b0 + b), xoff = 34 * (b0 + b) + 2;
+        __m256i wq[4], wa[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *p = w + r * rb + off;
+            if (q4) { /* low nibbles: elements 0..15; high: 16..31 */
+                __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
+                wq[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
+                                         _mm_and_si128(q, m4));
+            } else {
+                wq[r] = _mm256_loadu_si256((const __m256i *)(p + 2));
+                wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            }
+        }
+        /* the four rows' scales in both 128-bit lanes */
+        __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)ferry__ld16(w + off),
+                                                (short)ferry__ld16(w + rb + off),
+                                                (short)ferry__ld16(w + 2 * rb + off),
+                                                (short)ferry__ld16(w + 3 * rb + off), 0, 0, 0, 0));
+        __m256 dw = _mm256_set_m128(d4, d4);
+#pragma GCC unroll 4
+        for (int g = 0; g < np; g++) {
+            const avx2_x *m = &xs[b * (AVX2_GROUP / 2) + (uint64_t)g];
+            __m256i s[8];
+#pragma GCC unroll 2
+            for (int k = 0; k < 2; k++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xp[2 * g + k] + xoff));
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    s[4 * k + r] = _mm256_madd_epi16(
+                        q4 ? _mm256_maddubs_epi16(wq[r], x)
+                           : _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(x, wq[r])),
+                        one16);
+            }
+            __m256i u = sum8x8_avx2(s);
+            if (q4)
+                u = _mm256_add_epi32(u, m->c);
+            a[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(dw, m->d), a[g]);
+        }
+    }
+    for (int g = 0; g < np; g++)
+        acc[g] = a[g];
+}
+
+/* avx2_rows4 with Q4 and NP (1..AVX2_PAIRS) as constants. */
+VD_AVX2 static void avx2_group(const uint8_t *w, uint64_t rb, const uint8_t *const *xp,
+                               const avx2_x *xs, uint64_t b0, uint64_t nb, int q4, int np,
+                               __m256 acc[AVX2_PAIRS])
+{
+#define AVX2_CASE(Q, G)                                                                            \
+    case 2 * (G) + (Q): avx2_rows4(w, rb, xp, xs, b0, nb, (Q), (G), acc); break;
+    switch (2 * np + q4) {
+        AVX2_CASE(0, 1) AVX2_CASE(1, 1) AVX2_CASE(0, 2) AVX2_CASE(1, 2)
+        AVX2_CASE(0, 3) AVX2_CASE(1, 3) AVX2_CASE(0, 4) AVX2_CASE(1, 4)
+    default: break;
+    }
+#undef AVX2_CASE
+}
+
+/* ferry_matvec_q_n's rows in groups of four for q8_0 or q4_0 (Q4) weights of N elements, RB
+ * bytes a row, with AVX2: vectors AVX2_GROUP at a time, blocks MULTI_CHUNK at a time, and for
+ * each chunk of four rows every eight of those vectors in turn, so that the chunk's weights are
+ * read from memory once; each row's accumulators kept in Y between chunks. Returns the rows done
+ * (ROWS rounded down to a multiple of 4). */
+VD_AVX2 static uint64_t avx2_rows(int q4, const uint8_t *w, uint64_t rb, uint64_t rows,
+                                  uint64_t n, const uint8_t *xq, uint64_t xq_stride,
+                                  uint64_t nvec, float *y, uint64_t y_stride)
+{
+    const uint64_t nb = n / 32, groups = rows / 4;
+    avx2_x xs[MULTI_CHUNK * (AVX2_GROUP / 2)];
+    const uint8_t *xp[AVX2_GROUP];
+    for (uint64_t v0 = 0; v0 < nvec; v0 += AVX2_GROUP) {
+        const int nv = (int)(nvec - v0 < AVX2_GROUP ? nvec - v0 : AVX2_GROUP);
+        for (int v = 0; v < AVX2_GROUP; v++)
+            xp[v] = xq + (v0 + (uint64_t)(v < nv ? v : nv - 1)) * xq_stride;
+        float *yv = y + v0 * y_stride;
+        for (uint64_t b0 = 0; b0 < nb; b0 += MULTI_CHUNK) {
+            const uint64_t cb = nb - b0 < MULTI_CHUNK ? nb - b0 : MULTI_CHUNK;
+            avx2_prepare(xp, nv, b0, cb, xs);
+            for (uint64_t r0 = 0; r0 < 4 * groups; r0 += 4) {
+                for (int s0 = 0; s0 < nv; s0 += 2 * AVX2_PAIRS) {
+                    const int sn = nv - s0 < 2 * AVX2_PAIRS ? nv - s0 : 2 * AVX2_PAIRS;
+                    const int np = (sn + 1) / 2;
+                    __m256 acc[AVX2_PAIRS];
+                    for (int g = 0; g < np; g++) {
+                        const int v = s0 + 2 * g, v1 = 2 * g + 1 < sn ? v + 1 : v;
+                        acc[g] = b0 == 0 ? _mm256_setzero_ps()
+                                         : _mm256_set_m128(
+                                               _mm_loadu_ps(yv + (uint64_t)v1 * y_stride + r0),
+                                               _mm_loadu_ps(yv + (uint64_t)v * y_stride + r0));
+                    }
+                    avx2_group(w + r0 * rb, rb, xp + s0, xs + s0 / 2, b0, cb, q4, np, acc);
+                    for (int g = 0; g < np; g++) {
+                        float *y0 = yv + (uint64_t)(s0 + 2 * g) * y_stride + r0;
+                        _mm_storeu_ps(y0, _mm256_castps256_ps128(acc[g]));
+                        if (2 * g + 1 < sn)
+                            _mm_storeu_ps(y0 + y_stride, _mm256_extractf128_ps(acc[g], 1));
+                    }
+                }
+            }
+        }
+    }
+    return 4 * groups;
+}
+
 typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, uint64_t n,
                              float *y);
 
@@ -1187,6 +1358,11 @@ int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
         if (nm)
             r = multi_rows(t == FERRY_DTYPE_Q4_0, w, row_bytes, rows, cols, xq, xq_stride, nm, y,
                            y_stride);
+    } else if (rows >= 4 && cols > 0 && n_vec > 1 &&
+               (t == FERRY_DTYPE_Q8_0 || t == FERRY_DTYPE_Q4_0) && ferry__dtype_use_avx2()) {
+        nm = n_vec;
+        r = avx2_rows(t == FERRY_DTYPE_Q4_0, w, row_bytes, rows, cols, xq, xq_stride, nm, y,
+                      y_stride);
     }
 #endif
     for (uint64_t v = 0; v < n_vec; v++) {
