@@ -1140,6 +1140,17 @@ VD_AVX2 static inline __m256i sum8x8_avx2(const __m256i s[8])
                             _mm256_permute2x128_si256(u0, u1, 0x21));
 }
 
+/* The sums of the sixteen int16 lanes of each of S[0..7], S[j] in the int32 lane j; each
+ * eight-lane half of an S must sum into an int16. */
+VD_AVX2 static inline __m256i sum8x16_small(const __m256i s[8])
+{
+    __m256i t0 = _mm256_hadd_epi16(s[0], s[1]), t1 = _mm256_hadd_epi16(s[2], s[3]);
+    __m256i t2 = _mm256_hadd_epi16(s[4], s[5]), t3 = _mm256_hadd_epi16(s[6], s[7]);
+    __m256i v = _mm256_hadd_epi16(_mm256_hadd_epi16(t0, t1), _mm256_hadd_epi16(t2, t3));
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1)));
+}
+
 /* Blocks B0..B0 + NB of four rows RB apart from W (Q4: q4_0, else q8_0) against NP pairs of the
  * vectors at XP (their blocks' scales and sums in XS, avx2_prepare's), into ACC[g]: lane 4k + i
  * row i's sum for vector 2g + k. */
@@ -1183,14 +1194,14 @@ avx2_rows4(const uint8_t *w, uint64_t rb, const uint8_t *const *xp, const avx2_x
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xp[2 * g + k] + xoff));
 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++)
-                    s[4 * k + r] = _mm256_madd_epi16(
+                    s[4 * k + r] =
                         q4 ? _mm256_maddubs_epi16(wq[r], x)
-                           : _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(x, wq[r])),
-                        one16);
+                           : _mm256_madd_epi16(
+                                 _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(x, wq[r])), one16);
             }
-            __m256i u = sum8x8_avx2(s);
-            if (q4)
-                u = _mm256_add_epi32(u, m->c);
+            /* q4_0's int16 lanes, two products of a nibble and an int8 each, lie in
+             * [-3810, 3810]: eight of them sum into an int16 */
+            __m256i u = q4 ? _mm256_add_epi32(sum8x16_small(s), m->c) : sum8x8_avx2(s);
             a[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(dw, m->d), a[g]);
         }
     }
