@@ -6,7 +6,10 @@
  * block to more than one chunk of blocks, and strides wider than a vector. For q8_0 and q4_0 the
  * value is also the definition computed here from the formats (per block the exact integer sum,
  * one fma with the product of the two f16 scales, blocks in order), and close to the product of
- * the dequantized values summed in double. Bad arguments give ferry_matvec_q's errors.
+ * the dequantized values summed in double. The counts of vectors cover the multi-vector kernels'
+ * steps (AVX-512 VNNI: four to a register, sixteen a pass; AVX2: two to a register, eight a
+ * step, thirty-two a pass) whole, partial and with one vector left over. Bad arguments give
+ * ferry_matvec_q's errors.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -113,7 +116,7 @@ int main(void)
      * and a bit; the longest */
     static const uint64_t lens[] = {32, 96, 256, 1056, 2048 + 256, 4096 + 256};
     static const uint64_t row_counts[] = {1, 7, 8, 11, 16, 27};
-    static const uint64_t nvecs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33};
+    static const uint64_t nvecs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33};
     /* the best kernel set this CPU has, AVX-512 without VBMI, AVX2, portable (a cap above the
      * CPU's is no cap) */
     static const int caps[] = {-1, FERRY__ISA_AVX512, FERRY__ISA_AVX2, FERRY__ISA_GENERIC};
@@ -138,6 +141,16 @@ int main(void)
             }
             for (int isa = 0; isa < 4; isa++) {
                 ferry__dtype_force_isa(caps[isa]);
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+                /* the AVX2 cap runs the AVX2 kernels where the CPU has them */
+                if (caps[isa] == FERRY__ISA_AVX2 && __builtin_cpu_supports("avx2") &&
+                    __builtin_cpu_supports("fma")
+#if !defined(__clang__)
+                    && __builtin_cpu_supports("f16c")
+#endif
+                )
+                    CHECK(strcmp(ferry__dot_isa(), "avx2") == 0);
+#endif
                 for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
                     uint64_t rows = row_counts[ri], ys = rows + YPAD;
                     for (size_t vi = 0; vi < sizeof nvecs / sizeof nvecs[0]; vi++) {
