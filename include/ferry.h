@@ -215,8 +215,9 @@ FERRY_API int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64
  * each other or the inputs). Every y_v[r] has the bits that ferry_matvec_q gives for row r and
  * XQ_v, on every kernel set: the same per-block integer sums and the same fmas, blocks in order.
  * For q8_0 and q4_0 weights on a CPU with AVX-512 VNNI, each weight block is unpacked once for
- * up to sixteen vectors; other types and kernel sets take the vectors one at a time, as do the
- * last one or two when N_VEC is one or two above a multiple of four. Errors as ferry_matvec_q,
+ * up to sixteen vectors (the last one or two taken one at a time when N_VEC is one or two above a
+ * multiple of four); with the AVX2 kernel set, once for up to eight vectors (N_VEC above 1);
+ * other types and the portable kernels take the vectors one at a time. Errors as ferry_matvec_q,
  * and FERRY_EINVAL for a stride too small (N_VEC above 1); N_VEC 0 computes nothing.
  * Thread-safe as ferry_matvec_q: threads may each take a block of rows. */
 FERRY_API int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,

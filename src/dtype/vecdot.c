@@ -1088,16 +1088,16 @@ VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64
     return 4 * groups;
 }
 
-/* ---- several vectors at once (ferry_matvec_q_n), with AVX2 ------------------------------------ */
+/* ---- several vectors at once (ferry_matvec_q_n), with AVX2 ----------------------------------- */
 
 /* Four rows of q8_0 or q4_0 against up to eight vectors, two to a 256-bit register (vector k of
  * two in the 128-bit lane k). Each row's block is unpacked once (q8_0: the int8 a and |a|; q4_0:
- * the nibbles q, 0..15) and meets each vector's 32 int8 in one vpmaddubsw and one vpmaddwd: q8_0
- * as |a| times x with a's sign, q4_0 as q times x, whose sum less 8 * sum(x) is the sum of
- * (q - 8) x. Eight such lanes of sums, four rows of two vectors, reduce to one register whose lane
- * 4k + i holds the block's exact integer sum for row i and vector k, which meets the scale
- * product in the fma of ferry_matvec_q, blocks in order: every row and vector gets the bits of
- * the AVX2 one-vector kernels. */
+ * the nibbles q, 0..15) and meets each vector's 32 int8 in one vpmaddubsw: q8_0 as |a| times x
+ * with a's sign (then widened to int32 by vpmaddwd), q4_0 as q times x, whose sum less 8 * sum(x)
+ * is the sum of (q - 8) x. Eight such registers of sums, four rows of two vectors, reduce to one
+ * whose lane 4k + i holds the block's exact integer sum for row i and vector k, which meets the
+ * scale product in the fma of ferry_matvec_q, blocks in order: every row and vector gets the bits
+ * of the AVX2 one-vector kernels. */
 enum { AVX2_PAIRS = 4, AVX2_GROUP = 32 }; /* pairs of vectors a step; vectors prepared at a time */
 
 /* One block of a pair of vectors as avx2_rows4 takes it, vector k in the 128-bit lane k: each
