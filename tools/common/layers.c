@@ -108,6 +108,13 @@ uint64_t sets_working_set(const layer_set *sets, size_t n)
     return w;
 }
 
+/* Rows of the outermost dimension (ferry_slice's): GGUF lists dimensions innermost first. */
+static uint64_t outer_rows(const ferry_tensor_info *info)
+{
+    return (uint64_t)(info->format == FERRY_FORMAT_GGUF ? info->shape[info->ndim - 1]
+                                                        : info->shape[0]);
+}
+
 int split_large_tensors(ferry *f, layer_set **sets, size_t *n, uint64_t max_bytes)
 {
     if (!max_bytes)
@@ -123,8 +130,7 @@ int split_large_tensors(ferry *f, layer_set **sets, size_t *n, uint64_t max_byte
         ferry_tensor_info info;
         if (s->n == 1 && s->bytes > max_bytes && ferry_tensor_get_info(s->t[0], &info) == 0 &&
             info.ndim >= 2) {
-            uint64_t outer = (uint64_t)(info.format == FERRY_FORMAT_GGUF ? info.shape[info.ndim - 1]
-                                                                        : info.shape[0]);
+            uint64_t outer = outer_rows(&info);
             uint64_t want = (s->bytes + max_bytes - 1) / max_bytes;
             pieces[k] = (size_t)(want < outer ? want : outer);
         }
@@ -153,8 +159,7 @@ int split_large_tensors(ferry *f, layer_set **sets, size_t *n, uint64_t max_byte
         }
         ferry_tensor_info info;
         ferry_tensor_get_info(s->t[0], &info);
-        uint64_t outer = (uint64_t)(info.format == FERRY_FORMAT_GGUF ? info.shape[info.ndim - 1]
-                                                                    : info.shape[0]);
+        uint64_t outer = outer_rows(&info);
         for (size_t p = 0; p < pieces[k]; p++) {
             uint64_t r0 = outer * p / pieces[k], r1 = outer * (p + 1) / pieces[k];
             ferry_tensor *sl = NULL;
