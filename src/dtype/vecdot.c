@@ -1274,10 +1274,16 @@ typedef void (*rows8_kernel)(const uint8_t *w, uint64_t rb, const uint8_t *xq, u
                              float *y);
 
 /* The eight-row kernel for T on this CPU, or NULL. */
+/* Whether the AVX-512 VNNI kernels run here for rows of ROW_BYTES (their offsets are 32-bit). */
+static int use_vnni(uint64_t row_bytes)
+{
+    return ferry__dtype_isa() >= FERRY__ISA_AVX512 && __builtin_cpu_supports("avx512vnni") &&
+           row_bytes <= INT32_MAX / 8;
+}
+
 static rows8_kernel pick_rows8(ferry_dtype t, uint64_t row_bytes)
 {
-    if (ferry__dtype_isa() < FERRY__ISA_AVX512 || !__builtin_cpu_supports("avx512vnni") ||
-        row_bytes > INT32_MAX / 8)
+    if (!use_vnni(row_bytes))
         return NULL;
     switch (t) {
     case FERRY_DTYPE_Q8_0: return q8_0_rows8;
@@ -1315,17 +1321,25 @@ static vec_kernel pick(ferry_dtype t)
     }
 }
 
-int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const void *xq,
-                   float *y)
+/* The checks ferry_matvec_q and ferry_matvec_q_n share; *ROW_BYTES: a row's bytes. */
+static int check_args(ferry_dtype t, const void *w, uint64_t cols, const void *xq, const float *y,
+                      uint64_t *row_bytes)
 {
     if (!w || !xq || !y)
         return FERRY_EINVAL;
-    uint64_t row_bytes;
-    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    int rc = ferry_dtype_nbytes(t, cols, row_bytes);
     if (rc)
         return rc;
-    if (!ferry__dtype_readable(t))
-        return FERRY_EDTYPE;
+    return ferry__dtype_readable(t) ? 0 : FERRY_EDTYPE;
+}
+
+int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const void *xq,
+                   float *y)
+{
+    uint64_t row_bytes;
+    int rc = check_args(t, w, cols, xq, y, &row_bytes);
+    if (rc)
+        return rc;
     vec_kernel k = has_vec_kernel(t) ? pick(t) : NULL;
     if (!k) /* f32, f16, bf16 and the rest: the f32 kernels on the rounded vector */
         return ferry__matvec(t, w, rows, cols, row_bytes, xq, y);
@@ -1346,14 +1360,10 @@ int ferry_matvec_q(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, c
 int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols, const void *xq,
                      uint64_t n_vec, uint64_t xq_stride, float *y, uint64_t y_stride)
 {
-    if (!w || !xq || !y)
-        return FERRY_EINVAL;
     uint64_t row_bytes;
-    int rc = ferry_dtype_nbytes(t, cols, &row_bytes);
+    int rc = check_args(t, w, cols, xq, y, &row_bytes);
     if (rc)
         return rc;
-    if (!ferry__dtype_readable(t))
-        return FERRY_EDTYPE;
     if (n_vec > 1 && (xq_stride < ferry_matvec_vec_bytes(t, cols) || y_stride < rows))
         return FERRY_EINVAL;
     /* the first NM vectors' first R rows together; the rest (every type, every kernel set) one
@@ -1361,8 +1371,7 @@ int ferry_matvec_q_n(ferry_dtype t, const void *w, uint64_t rows, uint64_t cols,
     uint64_t nm = 0, r = 0;
 #ifdef VD_X86
     if (rows >= 4 && cols > 0 && (t == FERRY_DTYPE_Q8_0 || t == FERRY_DTYPE_Q4_0) &&
-        ferry__dtype_isa() >= FERRY__ISA_AVX512 && __builtin_cpu_supports("avx512vnni") &&
-        row_bytes <= INT32_MAX / 8) {
+        use_vnni(row_bytes)) {
         /* whole steps of four vectors, and a last step of three: fewer leave too much of a
          * step unused */
         nm = n_vec % 4 == 3 ? n_vec : n_vec - n_vec % 4;
