@@ -462,7 +462,8 @@ typedef enum ferry_slice_evict {
      * estimated value of the next use first. Slices stay out of the recorded access order, and
      * the budget is shared with the other tensors (see ferry_slice). */
     FERRY_SLICE_EVICT_EXPERT,
-    /* As any tensor: the recorded access order's policy over slices and tensors alike. */
+    /* As any tensor: slices enter the recorded access order, which evicts and prefetches
+     * slices and tensors alike (row ranges of a large tensor streamed in a fixed order). */
     FERRY_SLICE_EVICT_CYCLIC,
 } ferry_slice_evict;
 

@@ -388,9 +388,10 @@ static ferry__pf_state pf_probe(void *ctx, uint32_t id, uint64_t *bytes)
         if (ferry__bind(f, ferry__bind_root(t), NULL))
             return FERRY__PF_SKIP;
     }
-    /* slices come in when the engine asks (ferry_prefetch), and so does a tensor cut into
-     * slices: its slices are what is used */
-    if (t->is_slice || t->n_slices)
+    /* an expert slice comes in when the engine asks (ferry_prefetch), and so does a tensor cut
+     * into slices: its slices are what is used. Under FERRY_SLICE_EVICT_CYCLIC slices are in
+     * the recorded order as tensors are, and come in by it. */
+    if (ferry__expert_unit(f, t) || t->n_slices)
         return FERRY__PF_SKIP;
     if (t->removed || t->ignored || t->lazy || t->n_parts || (t->parent && t->parent->ignored) ||
         (t->group >= 0 && f->place.groups[t->group].removing))
