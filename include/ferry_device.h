@@ -116,7 +116,9 @@ typedef struct ferry_device_ops {
      * without copying their bytes: their pages first, in order, then fresh pages when they hold
      * fewer than NEED bytes. Only the last part may reach past NEED; what it holds beyond stays a
      * block of its own, returned in *REST, *REST_SIZE (NULL, 0 if none). A single part of at least
-     * NEED bytes is not cut when the rest would be under 64 KiB: *OUT_SIZE is then its whole size.
+     * NEED bytes is not cut when the rest would be under 64 KiB, unless the cut lies on a 2 MiB
+     * boundary of the address space (where it splits no huge page): *OUT_SIZE is then its whole
+     * size.
      * On success *OUT, *OUT_SIZE hold the new block (freed with free like any other) and the parts
      * are gone; returns 0. On failure *GONE says what became of the parts: 0, untouched (still
      * blocks of D); 1, their memory returned to the system. FERRY_EINVAL when a part is not a

@@ -36,6 +36,37 @@ static int pool_fits(uint64_t size, uint64_t need)
     return size >= need && size - need <= need / 8 + 8192;
 }
 
+#define HUGE_PAGE (UINT64_C(2) << 20)
+/* The longest tail of small pages a block of 2 MiB or more ends with (stitched_size): a longer
+ * rest takes one more whole 2 MiB page. Up to here the budget a tail saves (what the 2 MiB page
+ * would hold beyond it) is at least the fresh memory it may cost. */
+#define STITCH_TAIL_MAX (UINT64_C(1) << 20)
+
+static uint64_t round_up_4k(uint64_t size)
+{
+    return (size + 4095) & ~(uint64_t)4095;
+}
+
+/* The size of a block reserve stitches from pooled pages for a request of SIZE (below 2^64 - 4
+ * KiB): what the cpu device maps anyway (4 KiB pages); from 2 MiB up whole 2 MiB pages (the body)
+ * and a tail of small pages where the rest is at most STITCH_TAIL_MAX, else one more 2 MiB page.
+ * The pooled blocks of 2 MiB and more are whole 2 MiB pages (pool_put gives their tails back) so
+ * that stitching moves huge pages whole instead of splitting them; a tensor whose data does not
+ * start on a 4 KiB boundary reads one page more than its bytes, and that page is a tail. */
+static uint64_t stitched_size(uint64_t size)
+{
+    if (size < HUGE_PAGE || size > UINT64_MAX - HUGE_PAGE)
+        return round_up_4k(size);
+    uint64_t body = size & ~(HUGE_PAGE - 1), tail = round_up_4k(size - body);
+    return tail <= STITCH_TAIL_MAX ? body + tail : body + HUGE_PAGE;
+}
+
+/* The whole 2 MiB pages of a block of SIZE (SIZE itself below 2 MiB). */
+static uint64_t body_of(uint64_t size)
+{
+    return size < HUGE_PAGE ? size : size & ~(HUGE_PAGE - 1);
+}
+
 static void dev_free(ferry *f, int dev, void *base)
 {
     ferry_device *d = f->devs[dev].d;
@@ -88,8 +119,32 @@ static int pool_take(ferry *f, int dev, uint64_t need, ferry__mem *out)
     return 1;
 }
 
+/* Cuts stitchable block BASE of *SIZE bytes (2 MiB or more) at its last whole 2 MiB page (a cut
+ * at a 2 MiB boundary splits no huge page) and gives the tail of small pages back: a stitched
+ * block's parts are laid end to end, and a part with a tail would put every page after it off
+ * its 2 MiB boundary. *SIZE and *SEGS become the body's; 0 when the device refused (nothing
+ * changed). */
+static int cut_tail(ferry *f, int dev, void *base, uint64_t *size, uint32_t *segs)
+{
+    ferry__dev *D = &f->devs[dev];
+    void *parts[1] = {base}, *out, *rest;
+    uint64_t got, rest_size;
+    int gone = 0;
+    uint64_t body = body_of(*size);
+    if (D->d->ops->stitch(D->d, parts, 1, body, &out, &got, &rest, &rest_size, &gone) ||
+        out != base || got != body || !rest)
+        return 0;
+    dev_free(f, dev, rest);
+    D->used -= rest_size;
+    *size = body;
+    uint64_t bsize;
+    if (!ferry__device_block(D->d, base, &bsize, segs) || bsize != body)
+        *segs = 0;
+    return 1;
+}
+
 /* Keeps the buffer BASE of SIZE bytes in DEV's pool (still counted in used); 0 when the pool
- * cannot grow. */
+ * cannot grow. A stitchable block's tail past its whole 2 MiB pages is given back (cut_tail). */
 static int pool_put(ferry *f, int dev, void *base, uint64_t size)
 {
     ferry__dev *D = &f->devs[dev];
@@ -105,6 +160,9 @@ static int pool_put(ferry *f, int dev, void *base, uint64_t size)
     uint32_t segs = 0;
     if (!ferry__device_block(D->d, base, &bsize, &segs) || bsize != size)
         segs = 0;
+    if (segs && body_of(size) != size && (uintptr_t)base % HUGE_PAGE == 0 &&
+        !cut_tail(f, dev, base, &size, &segs))
+        segs = 0; /* a block of whole pages and a tail it could not give back: by size only */
     D->pool[D->n_pool++] = (ferry__pool_buf){.base = base, .size = size, .segs = segs};
     D->pooled += size;
     return 1;
@@ -265,15 +323,6 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-/* The size of a block reserve stitches from pooled pages for a request of SIZE (below 2^64 - 4
- * KiB): what the cpu device maps anyway, and from 2 MiB up whole 2 MiB pages, so that every
- * pooled block is a run of them and stitching moves huge pages whole instead of splitting them. */
-static uint64_t stitched_size(uint64_t size)
-{
-    const uint64_t huge = UINT64_C(2) << 20;
-    uint64_t unit = size >= huge && size <= UINT64_MAX - huge ? huge : 4096;
-    return (size + unit - 1) & ~(unit - 1);
-}
 
 /* The bytes of DEV's budget a copy of T takes: its block's size while it holds one, else what a
  * load reserves for it, sized as reserve stitches it (an upper bound where it does not stitch).
@@ -425,28 +474,55 @@ int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out, ferr
 #define STITCH_MAX_PARTS 16
 #define STITCH_MAX_SEGS 32
 
+/* Cuts pooled block I (a run of whole 2 MiB pages) to its first KEEP bytes, a whole number of
+ * 2 MiB pages, and pools the rest as a block of its own. 0 when the device refused (unchanged). */
+static int pool_cut(ferry *f, int dev, size_t i, uint64_t keep)
+{
+    ferry__dev *D = &f->devs[dev];
+    void *parts[1] = {D->pool[i].base}, *out, *rest;
+    uint64_t got, rest_size;
+    int gone = 0;
+    if (D->d->ops->stitch(D->d, parts, 1, keep, &out, &got, &rest, &rest_size, &gone) ||
+        out != parts[0] || got != keep || !rest)
+        return 0;
+    uint64_t bsize;
+    uint32_t segs;
+    D->pool[i].size = keep;
+    D->pool[i].segs = ferry__device_block(D->d, out, &bsize, &segs) && bsize == keep ? segs : 0;
+    D->pooled -= rest_size;
+    if (!pool_put(f, dev, rest, rest_size)) {
+        dev_free(f, dev, rest);
+        D->used -= rest_size;
+    }
+    return 1;
+}
+
 /* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes.
- * Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve it (nothing
- * changed; the caller evicts or takes fresh memory), -1 when the kernel refused to move pages
- * after moving some: the parts tried are gone (accounted as freed), the caller tries again; -2
- * when memory ran short before anything moved: nothing changed, and the caller goes on without
- * stitching (trimming the pool gives memory back, where stitching needs some more). */
+ * The parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of them, the last
+ * cut at a 2 MiB boundary; a tail of small pages after the body comes from a pooled block under
+ * 2 MiB, or fresh. Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve
+ * it (the caller evicts or takes fresh memory; a pooled block may have been cut in two), -1 when
+ * the kernel refused to move pages after moving some: the parts tried are gone (accounted as
+ * freed), the caller tries again; -2 when memory ran short before anything moved: nothing
+ * changed, and the caller goes on without stitching (trimming the pool gives memory back, where
+ * stitching needs some more). */
 static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__mem *out)
 {
     ferry__dev *D = &f->devs[dev];
+    uint64_t body = body_of(need);
     uint64_t avail = 0;
     size_t single = SIZE_MAX;
     for (size_t i = 0; i < D->n_pool; i++) {
         if (!D->pool[i].segs)
             continue;
         avail += D->pool[i].size;
-        if (D->pool[i].size >= need &&
+        if (D->pool[i].size >= body &&
             (single == SIZE_MAX || D->pool[i].size < D->pool[single].size))
             single = i;
     }
     if (!avail || (avail < need && need - avail > room))
         return 0;
-    /* the parts: the smallest block that holds NEED, else the largest blocks first */
+    /* the parts: the smallest block that holds the body, else the largest blocks first */
     size_t pick[STITCH_MAX_PARTS];
     size_t n = 0;
     uint64_t sum = 0;
@@ -454,8 +530,9 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
     if (single != SIZE_MAX) {
         pick[n++] = single;
         sum = D->pool[single].size;
+        segs = D->pool[single].segs;
     }
-    while (sum < need && n < STITCH_MAX_PARTS) {
+    while (sum < body && n < STITCH_MAX_PARTS) {
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < D->n_pool; i++) {
             int taken = 0;
@@ -470,6 +547,35 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         pick[n++] = best;
         sum += D->pool[best].size;
         segs += D->pool[best].segs;
+    }
+    if (body < need && sum > body) {
+        /* a run of 2 MiB pages reaching past the body: cut at the body's end, not at NEED
+         * (inside a huge page). A part under 2 MiB holds small pages and is cut anywhere. */
+        size_t last = pick[n - 1];
+        uint64_t off = sum - D->pool[last].size;
+        if (D->pool[last].size >= HUGE_PAGE && off % HUGE_PAGE == 0 &&
+            (uintptr_t)D->pool[last].base % HUGE_PAGE == 0) {
+            if (!pool_cut(f, dev, last, body - off))
+                return 0;
+            sum = body;
+        }
+    }
+    if (body < need && sum == body && n < STITCH_MAX_PARTS) {
+        /* the tail: the smallest pooled block of small pages that holds it */
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < D->n_pool; i++) {
+            int taken = 0;
+            for (size_t k = 0; k < n; k++)
+                taken |= pick[k] == i;
+            if (D->pool[i].segs && !taken && D->pool[i].size < HUGE_PAGE &&
+                D->pool[i].size >= need - body && segs + D->pool[i].segs <= STITCH_MAX_SEGS &&
+                (best == SIZE_MAX || D->pool[i].size < D->pool[best].size))
+                best = i;
+        }
+        if (best != SIZE_MAX) {
+            pick[n++] = best;
+            sum += D->pool[best].size;
+        }
     }
     if (sum < need && need - sum > room) {
         /* capped: free pooled blocks not picked until the fresh rest fits */

@@ -370,8 +370,10 @@ int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errl
 /* ---- stitching -------------------------------------------------------------------------------- */
 
 /* A rest smaller than this is not cut off a block: it stays with it (a pool of slivers would cost
- * one mremap each to reuse). */
+ * one mremap each to reuse), unless the cut lies on a 2 MiB boundary, where it splits no huge page
+ * and the rest is small pages the caller may give back. */
 #define CPU_MIN_REST (UINT64_C(64) << 10)
+#define CPU_HUGE (UINT64_C(2) << 20)
 
 int ferry__cpu_is(const ferry_device *d)
 {
@@ -465,7 +467,8 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
     cpu_block whole = {0}, tail = {0};
     if (n == 1 && b[0].size >= need) {
         /* a cut in two: no system call, the pages stay where they are */
-        if (b[0].size - need < CPU_MIN_REST) {
+        if (b[0].size == need ||
+            (b[0].size - need < CPU_MIN_REST && (b[0].addr + need) % CPU_HUGE != 0)) {
             pthread_mutex_unlock(&c->lock);
             *out = parts[0];
             *out_size = b[0].size;

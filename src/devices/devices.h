@@ -78,7 +78,8 @@ int ferry__cpu_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *s
  * then fresh pages when they hold fewer than NEED bytes. Only the last part may reach past NEED;
  * what it holds beyond stays a block of its own, returned in *REST, *REST_SIZE (NULL, 0 if none).
  * One part of at least NEED bytes is only cut in two, with no system call — and not cut when the
- * rest would be under 64 KiB: then *OUT_SIZE is the part's whole size. On success *OUT, *OUT_SIZE
+ * rest would be under 64 KiB, unless the cut lies on a 2 MiB boundary of the address space (it
+ * splits no huge page there): then *OUT_SIZE is the part's whole size. On success *OUT, *OUT_SIZE
  * hold the new block (freed with D's free like any other) and the parts are gone; returns 0.
  * On failure *GONE says what became of the parts: 0, untouched (still blocks of D); 1, unmapped,
  * their bytes returned to the system (the kernel refused a move after others had been made).
