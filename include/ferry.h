@@ -1043,8 +1043,9 @@ typedef struct ferry_stats {
 FERRY_API int ferry_get_stats(const ferry *f, ferry_stats *out);
 
 /* ---------------------------------------------------------------------------------------------
- * Tracing: a timeline of reads, copies, conversions, waits (and the engine's own events) in the
- * Chrome trace format that Perfetto and chrome://tracing open.
+ * Tracing: a timeline of reads, copies, conversions, first touches of fresh host buffers, waits
+ * (and the engine's own events) in the Chrome trace format that Perfetto and chrome://tracing
+ * open.
  * ------------------------------------------------------------------------------------------- */
 
 /* Starts recording events; they are written to PATH by ferry_trace_stop (or ferry_destroy).

@@ -72,9 +72,11 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
      * fault holds a lock for one page (on Linux 6.4 and later, only its own mapping's). Nothing
      * reads the block before the read fills it, so the zeros written cost nothing. */
     if (ferry__host_side(f, c->dev) && c->mem.size >= FERRY__CPU_MAP_MIN) {
+        double t0 = ferry__now();
         volatile unsigned char *q = p;
         for (uint64_t off = 0; off < c->mem.size; off += 4096)
             q[off] = 0;
+        ferry__trace_addf(f, "memory", t0, ferry__now(), "fault in %s", t->info.name);
     }
     return 0;
 }
