@@ -119,27 +119,39 @@ static int pool_take(ferry *f, int dev, uint64_t need, ferry__mem *out)
     return 1;
 }
 
-/* Cuts stitchable block BASE of *SIZE bytes (2 MiB or more) at its last whole 2 MiB page (a cut
- * at a 2 MiB boundary splits no huge page) and gives the tail of small pages back: a stitched
- * block's parts are laid end to end, and a part with a tail would put every page after it off
- * its 2 MiB boundary. *SIZE and *SEGS become the body's; 0 when the device refused (nothing
- * changed). */
+/* Cuts stitchable block BASE at KEEP bytes, on a 2 MiB boundary (no huge page is split there),
+ * with the device's stitch and no system call: 1 with the rest, a block of its own, in *REST and
+ * *REST_SIZE and the kept part's mappings in *SEGS (0 when the device cannot tell); 0 when the
+ * device refused (nothing changed). */
+static int cut_block(ferry *f, int dev, void *base, uint64_t keep, void **rest,
+                     uint64_t *rest_size, uint32_t *segs)
+{
+    ferry__dev *D = &f->devs[dev];
+    void *parts[1] = {base}, *out;
+    uint64_t got, bsize;
+    int gone = 0;
+    if (D->d->ops->stitch(D->d, parts, 1, keep, &out, &got, rest, rest_size, &gone) ||
+        out != base || got != keep || !*rest)
+        return 0;
+    if (!ferry__device_block(D->d, base, &bsize, segs) || bsize != keep)
+        *segs = 0;
+    return 1;
+}
+
+/* Gives back the tail of stitchable block BASE of *SIZE bytes (2 MiB or more, on a 2 MiB
+ * boundary): the small pages past its last whole 2 MiB page. A stitched block's parts are laid
+ * end to end, and a part with a tail would put every page after it off its 2 MiB boundary.
+ * *SIZE and *SEGS become the body's; 0 when the device refused (nothing changed). */
 static int cut_tail(ferry *f, int dev, void *base, uint64_t *size, uint32_t *segs)
 {
     ferry__dev *D = &f->devs[dev];
-    void *parts[1] = {base}, *out, *rest;
-    uint64_t got, rest_size;
-    int gone = 0;
-    uint64_t body = body_of(*size);
-    if (D->d->ops->stitch(D->d, parts, 1, body, &out, &got, &rest, &rest_size, &gone) ||
-        out != base || got != body || !rest)
+    void *rest;
+    uint64_t rest_size, body = body_of(*size);
+    if (!cut_block(f, dev, base, body, &rest, &rest_size, segs))
         return 0;
     dev_free(f, dev, rest);
     D->used -= rest_size;
     *size = body;
-    uint64_t bsize;
-    if (!ferry__device_block(D->d, base, &bsize, segs) || bsize != body)
-        *segs = 0;
     return 1;
 }
 
@@ -323,7 +335,6 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-
 /* The bytes of DEV's budget a copy of T takes: its block's size while it holds one, else what a
  * load reserves for it, sized as reserve stitches it (an upper bound where it does not stitch).
  * Measured as the kinds' used bytes are, so that a dense kind holding its whole pass is not over
@@ -479,16 +490,13 @@ int ferry__reserve_bytes(ferry *f, int dev, uint64_t size, ferry__mem *out, ferr
 static int pool_cut(ferry *f, int dev, size_t i, uint64_t keep)
 {
     ferry__dev *D = &f->devs[dev];
-    void *parts[1] = {D->pool[i].base}, *out, *rest;
-    uint64_t got, rest_size;
-    int gone = 0;
-    if (D->d->ops->stitch(D->d, parts, 1, keep, &out, &got, &rest, &rest_size, &gone) ||
-        out != parts[0] || got != keep || !rest)
-        return 0;
-    uint64_t bsize;
+    void *rest;
+    uint64_t rest_size;
     uint32_t segs;
+    if (!cut_block(f, dev, D->pool[i].base, keep, &rest, &rest_size, &segs))
+        return 0;
     D->pool[i].size = keep;
-    D->pool[i].segs = ferry__device_block(D->d, out, &bsize, &segs) && bsize == keep ? segs : 0;
+    D->pool[i].segs = segs;
     D->pooled -= rest_size;
     if (!pool_put(f, dev, rest, rest_size)) {
         dev_free(f, dev, rest);
