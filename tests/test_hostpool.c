@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 
 #include "check.h"
+#include "xorshift.h"
 #include "core/core.h"
 #include "devices/devices.h"
 #include "model_fixture.h"
@@ -58,10 +59,7 @@ static uint64_t rng_state = 0x1234567;
 
 static uint64_t rnd(uint64_t n)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state % n;
+    return xorshift_next(&rng_state) % n;
 }
 
 static void tag_fresh(blk *b)

@@ -21,6 +21,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
 #include "check.h"
+#include "xorshift.h"
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -106,10 +107,7 @@ static void tracker_free(tracker *t)
 static uint64_t rng_state = 0x1234567;
 static uint64_t rnd(uint64_t n)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return n ? rng_state % n : 0;
+    return n ? xorshift_next(&rng_state) % n : 0;
 }
 
 /* Fills J for [off, off+len) in MODE, with dst congruent to the offset (direct path) or not. */

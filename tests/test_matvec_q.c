@@ -10,18 +10,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "xorshift.h"
 #include "dtype/dtype.h"
 #include "dtype/dtype_kern.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static uint32_t rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-static float frand(void) { return (float)(rng() % 20001) / 10000.0f - 1.0f; }
+static uint32_t rng(void) { return xorshift_u32(&rng_state); }
+static float frand(void) { return xorshift_unit(&rng_state); }
 
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 

@@ -37,7 +37,7 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-#define ARENA_ALIGN (UINT64_C(2) << 20)
+#define ARENA_ALIGN FERRY__HUGE_PAGE
 #define ARENA_STEP (UINT64_C(64) << 20)      /* bytes the toucher faults in per call */
 #define ARENA_MAX_GAP (UINT64_C(2) << 20)    /* a larger hole between tensors starts a new arena */
 #define ARENA_MIN_BYTES (UINT64_C(256) << 10) /* smaller runs keep one buffer per tensor */

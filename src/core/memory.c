@@ -36,7 +36,6 @@ static int pool_fits(uint64_t size, uint64_t need)
     return size >= need && size - need <= need / 8 + 8192;
 }
 
-#define HUGE_PAGE (UINT64_C(2) << 20)
 /* The longest tail of small pages a block of 2 MiB or more ends with (stitched_size): a longer
  * rest takes one more whole 2 MiB page. Up to here the budget a tail saves (what the 2 MiB page
  * would hold beyond it) is at least the fresh memory it may cost. */
@@ -55,16 +54,16 @@ static uint64_t round_up_4k(uint64_t size)
  * start on a 4 KiB boundary reads one page more than its bytes, and that page is a tail. */
 static uint64_t stitched_size(uint64_t size)
 {
-    if (size < HUGE_PAGE || size > UINT64_MAX - HUGE_PAGE)
+    if (size < FERRY__HUGE_PAGE || size > UINT64_MAX - FERRY__HUGE_PAGE)
         return round_up_4k(size);
-    uint64_t body = size & ~(HUGE_PAGE - 1), tail = round_up_4k(size - body);
-    return tail <= STITCH_TAIL_MAX ? body + tail : body + HUGE_PAGE;
+    uint64_t body = size & ~(FERRY__HUGE_PAGE - 1), tail = round_up_4k(size - body);
+    return tail <= STITCH_TAIL_MAX ? body + tail : body + FERRY__HUGE_PAGE;
 }
 
 /* The whole 2 MiB pages of a block of SIZE (SIZE itself below 2 MiB). */
 static uint64_t body_of(uint64_t size)
 {
-    return size < HUGE_PAGE ? size : size & ~(HUGE_PAGE - 1);
+    return size < FERRY__HUGE_PAGE ? size : size & ~(FERRY__HUGE_PAGE - 1);
 }
 
 static void dev_free(ferry *f, int dev, void *base)
@@ -172,7 +171,7 @@ static int pool_put(ferry *f, int dev, void *base, uint64_t size)
     uint32_t segs = 0;
     if (!ferry__device_block(D->d, base, &bsize, &segs) || bsize != size)
         segs = 0;
-    if (segs && body_of(size) != size && (uintptr_t)base % HUGE_PAGE == 0 &&
+    if (segs && body_of(size) != size && (uintptr_t)base % FERRY__HUGE_PAGE == 0 &&
         !cut_tail(f, dev, base, &size, &segs))
         segs = 0; /* a block of whole pages and a tail it could not give back: by size only */
     D->pool[D->n_pool++] = (ferry__pool_buf){.base = base, .size = size, .segs = segs};
@@ -505,6 +504,15 @@ static int pool_cut(ferry *f, int dev, size_t i, uint64_t keep)
     return 1;
 }
 
+/* 1 when pooled block I is among the N picked in PICK. */
+static int picked(const size_t *pick, size_t n, size_t i)
+{
+    for (size_t k = 0; k < n; k++)
+        if (pick[k] == i)
+            return 1;
+    return 0;
+}
+
 /* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes.
  * The parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of them, the last
  * cut at a 2 MiB boundary; a tail of small pages after the body comes from a pooled block under
@@ -543,10 +551,8 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
     while (sum < body && n < STITCH_MAX_PARTS) {
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < D->n_pool; i++) {
-            int taken = 0;
-            for (size_t k = 0; k < n; k++)
-                taken |= pick[k] == i;
-            if (D->pool[i].segs && !taken && segs + D->pool[i].segs <= STITCH_MAX_SEGS &&
+            if (D->pool[i].segs && !picked(pick, n, i) &&
+                segs + D->pool[i].segs <= STITCH_MAX_SEGS &&
                 (best == SIZE_MAX || D->pool[i].size > D->pool[best].size))
                 best = i;
         }
@@ -561,8 +567,8 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
          * (inside a huge page). A part under 2 MiB holds small pages and is cut anywhere. */
         size_t last = pick[n - 1];
         uint64_t off = sum - D->pool[last].size;
-        if (D->pool[last].size >= HUGE_PAGE && off % HUGE_PAGE == 0 &&
-            (uintptr_t)D->pool[last].base % HUGE_PAGE == 0) {
+        if (D->pool[last].size >= FERRY__HUGE_PAGE && off % FERRY__HUGE_PAGE == 0 &&
+            (uintptr_t)D->pool[last].base % FERRY__HUGE_PAGE == 0) {
             if (!pool_cut(f, dev, last, body - off))
                 return 0;
             sum = body;
@@ -572,10 +578,7 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         /* the tail: the smallest pooled block of small pages that holds it */
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < D->n_pool; i++) {
-            int taken = 0;
-            for (size_t k = 0; k < n; k++)
-                taken |= pick[k] == i;
-            if (D->pool[i].segs && !taken && D->pool[i].size < HUGE_PAGE &&
+            if (D->pool[i].segs && !picked(pick, n, i) && D->pool[i].size < FERRY__HUGE_PAGE &&
                 D->pool[i].size >= need - body && segs + D->pool[i].segs <= STITCH_MAX_SEGS &&
                 (best == SIZE_MAX || D->pool[i].size < D->pool[best].size))
                 best = i;
@@ -589,10 +592,7 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         /* capped: free pooled blocks not picked until the fresh rest fits */
         uint64_t want = need - sum - room;
         for (size_t i = 0; i < D->n_pool && want; i++) {
-            int taken = 0;
-            for (size_t k = 0; k < n; k++)
-                taken |= pick[k] == i;
-            if (taken)
+            if (picked(pick, n, i))
                 continue;
             ferry__pool_buf b = D->pool[i];
             dev_free(f, dev, b.base);

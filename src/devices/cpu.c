@@ -56,7 +56,7 @@ typedef struct cpu_device {
 static void huge_pages(void *p, uint64_t len)
 {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (len >= (UINT64_C(2) << 20))
+    if (len >= FERRY__HUGE_PAGE)
         (void)madvise(p, (size_t)len, MADV_HUGEPAGE);
 #else
     (void)p, (void)len;
@@ -67,7 +67,7 @@ static void huge_pages(void *p, uint64_t len)
  * boundary, so that huge pages can back all of it. MAP_FAILED when the kernel refuses. */
 static void *map_block(uint64_t len)
 {
-    const uint64_t huge = UINT64_C(2) << 20;
+    const uint64_t huge = FERRY__HUGE_PAGE;
     if (len < huge || len > SIZE_MAX - huge)
         return mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
                     0);
@@ -373,7 +373,6 @@ int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errl
  * one mremap each to reuse), unless the cut lies on a 2 MiB boundary, where it splits no huge page
  * and the rest is small pages the caller may give back. */
 #define CPU_MIN_REST (UINT64_C(64) << 10)
-#define CPU_HUGE (UINT64_C(2) << 20)
 
 int ferry__cpu_is(const ferry_device *d)
 {
@@ -468,7 +467,7 @@ int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t ne
     if (n == 1 && b[0].size >= need) {
         /* a cut in two: no system call, the pages stay where they are */
         if (b[0].size == need ||
-            (b[0].size - need < CPU_MIN_REST && (b[0].addr + need) % CPU_HUGE != 0)) {
+            (b[0].size - need < CPU_MIN_REST && (b[0].addr + need) % FERRY__HUGE_PAGE != 0)) {
             pthread_mutex_unlock(&c->lock);
             *out = parts[0];
             *out_size = b[0].size;

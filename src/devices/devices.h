@@ -58,6 +58,7 @@ int ferry__cpu_open(const char *spec, ferry_device **out, char *err, size_t errl
 /* ---- the cpu device's page reuse (cpu.c) ------------------------------------------------------ */
 
 #define FERRY__CPU_MAP_MIN (UINT64_C(256) << 10) /* cpu blocks this large are mapped */
+#define FERRY__HUGE_PAGE (UINT64_C(2) << 20)  /* a transparent huge page */
 
 /* 1 when D is the built-in cpu device. */
 int ferry__cpu_is(const ferry_device *d);

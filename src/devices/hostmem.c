@@ -273,7 +273,7 @@ int ferry__host_huge_pages_dear(void)
     long pg = sysconf(_SC_PAGESIZE);
     /* a reported block of at most a huge page */
     return reported > 0 && pg > 0 && order < 32 &&
-           ((uint64_t)pg << order) <= (UINT64_C(2) << 20);
+           ((uint64_t)pg << order) <= FERRY__HUGE_PAGE;
 }
 
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total)
