@@ -11,38 +11,12 @@
 
 #include "check.h"
 #include "xorshift.h"
+#include "weights_fixture.h"
 #include "dtype/dtype.h"
 #include "dtype/dtype_kern.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static uint32_t rng(void) { return xorshift_u32(&rng_state); }
 static float frand(void) { return xorshift_unit(&rng_state); }
-
-static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-
-/* N elements of type T at W: quantized from random floats where ferry quantizes to T, random
- * blocks with weight-sized scales for the k-quants. */
-static void fill(ferry_dtype t, uint8_t *w, uint64_t n, float *tmp)
-{
-    for (uint64_t i = 0; i < n; i++)
-        tmp[i] = 0.05f * frand();
-    if (t != FERRY_DTYPE_Q4_K && t != FERRY_DTYPE_Q5_K && t != FERRY_DTYPE_Q6_K) {
-        CHECK_EQ_INT(ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t, w, n), 0);
-        return;
-    }
-    uint64_t bb = ferry_dtype_block_bytes(t), nb = n / 256;
-    for (uint64_t i = 0; i < nb * bb; i++)
-        w[i] = (uint8_t)rng();
-    for (uint64_t b = 0; b < nb; b++) {
-        uint16_t h = ferry__f32_to_f16(1e-4f * (1 + (float)(rng() % 8)));
-        if (t == FERRY_DTYPE_Q4_K || t == FERRY_DTYPE_Q5_K) {
-            put16(w + b * bb, h);
-            put16(w + b * bb + 2, h);
-        } else {
-            put16(w + b * bb + 208, h);
-        }
-    }
-}
 
 static ferry_dtype vec_type(ferry_dtype t)
 {
@@ -123,7 +97,7 @@ int main(void)
             for (uint64_t i = 0; i < n; i++)
                 x[i] = frand() * (i % 17 == 0 ? 3.0f : 1.0f);
             for (int r = 0; r < ROWS; r++)
-                fill(t, w + r * rb, n, tmp);
+                fixture_fill_weights(t, w + r * rb, n, tmp, &rng_state, 0);
             uint64_t vb = ferry_matvec_vec_bytes(t, n);
             CHECK(vb > 0 && vb <= sizeof xq);
             CHECK_EQ_INT(ferry_matvec_vec_quantize(t, x, n, xq), 0);

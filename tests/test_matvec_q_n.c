@@ -17,11 +17,11 @@
 
 #include "check.h"
 #include "xorshift.h"
+#include "weights_fixture.h"
 #include "dtype/dtype.h"
 #include "dtype/dtype_kern.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rng(void) { return xorshift_u32(&rng_state); }
 static float frand(void) { return xorshift_unit(&rng_state); }
 
 /* f16 -> f32 from the IEEE definition (sign, five exponent bits, ten mantissa bits). */
@@ -75,28 +75,6 @@ static double want_double(ferry_dtype t, const uint8_t *w, const uint8_t *xq, ui
     return s;
 }
 
-/* N elements of type T at W: quantized from random floats where ferry quantizes to T, random
- * blocks with small scales for the k-quants. */
-static void fill(ferry_dtype t, uint8_t *w, uint64_t n, float *tmp)
-{
-    for (uint64_t i = 0; i < n; i++)
-        tmp[i] = 0.05f * frand() * (i % 29 == 0 ? 4.0f : 1.0f);
-    if (t != FERRY_DTYPE_Q4_K && t != FERRY_DTYPE_Q5_K && t != FERRY_DTYPE_Q6_K) {
-        CHECK_EQ_INT(ferry_dtype_convert(FERRY_DTYPE_F32, tmp, t, w, n), 0);
-        return;
-    }
-    uint64_t bb = ferry_dtype_block_bytes(t), nb = n / 256;
-    for (uint64_t i = 0; i < nb * bb; i++)
-        w[i] = (uint8_t)rng();
-    for (uint64_t b = 0; b < nb; b++) {
-        uint16_t h = ferry__f32_to_f16(1e-4f * (1 + (float)(rng() % 8)));
-        uint64_t at = t == FERRY_DTYPE_Q6_K ? 208 : 0;
-        memcpy(w + b * bb + at, &h, 2);
-        if (t != FERRY_DTYPE_Q6_K)
-            memcpy(w + b * bb + 2, &h, 2);
-    }
-}
-
 enum { ROWS = 27, MAXC = 4096 + 256, MAXV = 33, YPAD = 5 };
 
 static uint8_t w[ROWS * (MAXC / 32) * 128], xq[MAXV * (MAXC * 4 + 64)];
@@ -124,7 +102,7 @@ int main(void)
                 continue;
             CHECK_EQ_INT(ferry_dtype_nbytes(t, n, &rb), 0);
             for (int r = 0; r < ROWS; r++)
-                fill(t, w + r * rb, n, tmp);
+                fixture_fill_weights(t, w + r * rb, n, tmp, &rng_state, 1);
             /* the vectors, with a stride wider than one, the gap filled with junk */
             uint64_t vb = ferry_matvec_vec_bytes(t, n), xs = vb + 40;
             CHECK(vb > 0 && MAXV * xs <= sizeof xq);
