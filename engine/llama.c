@@ -49,8 +49,8 @@ typedef struct layer_weights {
                                 NULL: the whole tensors */
 } layer_weights;
 /* the most tensors step_list gives: a mixture-of-experts layer's own (without its experts)
- * and the next layer's router and ffn_norm, which predict_experts reads */
-#define LAYER_TENSORS 12
+ * and the router and ffn_norm of each layer look-ahead predicts, which predict_experts reads */
+#define LAYER_TENSORS (10 + 2 * LLAMA_LOOKAHEAD_MAX)
 
 /* The three tensors of each expert: W_gate, W_up, W_down. */
 enum { EXP_GATE, EXP_UP, EXP_DOWN, EXP_KINDS };
@@ -63,6 +63,7 @@ struct llama {
     int lora_runtime;          /* apply adapter factors here (ferry merges them otherwise) */
     int lookahead;             /* prefetch the next layer's predicted experts (a guess) */
     float lookahead_min;       /* ... those of router probability at least this */
+    uint32_t lookahead_depth;  /* ... of the next this many layers (predicted for all of them) */
     int f16_arith;             /* F16_ARITH_*: how attention's f16 steps round (f16.h) */
 
     /* weights */
@@ -100,12 +101,12 @@ struct llama {
     float *router_logits;      /* (n_expert) */
     uint32_t *sel;             /* (batch_cap, n_expert_used) each token's experts, best first */
     float *sel_w;              /* (batch_cap, n_expert_used) their renormalised weights */
-    uint32_t *pred;            /* (batch_cap, n_expert_used) the experts predicted for the next
-                                  layer, ascending */
-    float *pred_p;             /* (batch_cap, n_expert_used) their router probabilities */
+    uint32_t *pred;            /* (batch_cap, n_layer, LLAMA_LOOKAHEAD_MAX, n_expert_used) the
+                                  experts predicted for a layer D + 1 layers before it, ascending */
+    float *pred_p;             /* the same shape: their router probabilities */
     uint32_t *routes;          /* (batch_cap, n_layer, n_expert_used) ascending, for the caller */
     uint32_t routes_n;         /* tokens of the last batch in routes */
-    uint64_t pred_hits, pred_total;
+    uint64_t pred_hits[LLAMA_LOOKAHEAD_MAX], pred_total[LLAMA_LOOKAHEAD_MAX]; /* by depth */
     ferry_tensor *held[EXP_KINDS * LLAMA_MAX_EXPERTS]; /* what prepare_experts holds */
     size_t n_held;
     /* the KV cache, positions 0..n_ctx of each layer, in f16 as llama.cpp keeps it */
@@ -382,6 +383,7 @@ int llama_create(ferry *f, uint32_t n_ctx, int n_threads, llama **out, char *err
     }
     m->f = f;
     m->f16_arith = f16_arith_mode();
+    m->lookahead_depth = 1;
     int rc = llama_read_config(f, &m->c, err, errlen);
     if (rc) {
         free(m);
@@ -498,6 +500,34 @@ void llama_set_lora_runtime(llama *m, int on) { m->lora_runtime = on; }
 void llama_set_lookahead(llama *m, int on) { m->lookahead = on; }
 
 void llama_set_lookahead_min(llama *m, float p) { m->lookahead_min = p; }
+
+void llama_set_expert_slices(llama *m, int on)
+{
+    char err[256];
+    for (uint32_t l = 0; l < m->c.n_layer && m->c.n_expert; l++) {
+        if (!on) {
+            free(m->layers[l].exp);
+            m->layers[l].exp = NULL;
+        } else if (!m->layers[l].exp) {
+            (void)slice_experts(m, l, err, sizeof err); /* out of memory: the whole tensors */
+        }
+    }
+}
+
+int llama_set_lookahead_depth(llama *m, uint32_t depth)
+{
+    if (depth < 1 || depth > LLAMA_LOOKAHEAD_MAX)
+        return FERRY_EINVAL;
+    m->lookahead_depth = depth;
+    return 0;
+}
+
+/* Where the K experts predicted for token T at layer L, D + 1 layers ahead, are in pred and
+ * pred_p. */
+static uint64_t pred_at(const llama *m, uint32_t t, uint32_t l, uint32_t d)
+{
+    return (((uint64_t)t * m->c.n_layer + l) * LLAMA_LOOKAHEAD_MAX + d) * m->c.n_expert_used;
+}
 
 /* ---- matrix-vector products over the pool -------------------------------------------------- */
 
@@ -1164,40 +1194,42 @@ static int route(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
     uint32_t *r = m->routes + ((uint64_t)t * c->n_layer + l) * k;
     memcpy(r, sel, k * sizeof *r);
     sort_ids(r, k);
-    if (l > 0) {
-        const uint32_t *pr = m->pred + (uint64_t)t * k;
+    for (uint32_t d = 0; d < m->lookahead_depth && d < l; d++) {
+        const uint32_t *pr = m->pred + pred_at(m, t, l, d);
         for (uint32_t i = 0; i < k; i++)
             for (uint32_t q = 0; q < k; q++)
-                m->pred_hits += r[i] == pr[q];
-        m->pred_total += k;
+                m->pred_hits[d] += r[i] == pr[q];
+        m->pred_total[d] += k;
     }
     return 0;
 }
 
-/* Predicts token T's experts at layer L + 1 from its residual stream after layer L's attention:
- * layer L + 1's router applied to x normalised by layer L + 1's ffn_norm. */
+/* Predicts token T's experts at layers L + 1 .. L + lookahead_depth from its residual stream
+ * after layer L's attention: each layer's router applied to x normalised by its ffn_norm. */
 static int predict_experts(llama *m, uint32_t l, uint32_t t, char *err, size_t errlen)
 {
     const llama_config *c = &m->c;
-    if (l + 1 >= c->n_layer)
-        return 0;
-    layer_weights *w = &m->layers[l + 1];
-    uint32_t k = c->n_expert_used, *pr = m->pred + (uint64_t)t * k;
-    int rc = rmsnorm(m, m->xb, m->x, w->ffn_norm, err, errlen);
-    if (!rc)
-        rc = matvec(m, w->router, m->xb, m->router_logits, err, errlen);
-    if (rc)
-        return rc;
-    float *p = m->router_logits, max = -INFINITY;
-    for (uint32_t e = 0; e < c->n_expert; e++)
-        max = p[e] > max ? p[e] : max;
-    double sum = 0;
-    for (uint32_t e = 0; e < c->n_expert; e++)
-        sum += p[e] = vexpf(p[e] - max);
-    top_k(p, c->n_expert, k, pr);
-    sort_ids(pr, k);
-    for (uint32_t i = 0; i < k; i++)
-        m->pred_p[(uint64_t)t * k + i] = (float)(p[pr[i]] / sum);
+    uint32_t k = c->n_expert_used;
+    for (uint32_t d = 0; d < m->lookahead_depth && l + 1 + d < c->n_layer; d++) {
+        layer_weights *w = &m->layers[l + 1 + d];
+        uint64_t at = pred_at(m, t, l + 1 + d, d);
+        uint32_t *pr = m->pred + at;
+        int rc = rmsnorm(m, m->xb, m->x, w->ffn_norm, err, errlen);
+        if (!rc)
+            rc = matvec(m, w->router, m->xb, m->router_logits, err, errlen);
+        if (rc)
+            return rc;
+        float *p = m->router_logits, max = -INFINITY;
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            max = p[e] > max ? p[e] : max;
+        double sum = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            sum += p[e] = vexpf(p[e] - max);
+        top_k(p, c->n_expert, k, pr);
+        sort_ids(pr, k);
+        for (uint32_t i = 0; i < k; i++)
+            m->pred_p[at + i] = (float)(p[pr[i]] / sum);
+    }
     return 0;
 }
 
@@ -1378,9 +1410,9 @@ static size_t step_list(llama *m, uint32_t l, int steps, int s, ferry_tensor *ts
         ts[n++] = w->ffn_norm;
     if (m->c.n_expert) {
         ts[n++] = w->router;
-        if (l + 1 < m->c.n_layer) {
-            ts[n++] = m->layers[l + 1].ffn_norm;
-            ts[n++] = m->layers[l + 1].router;
+        for (uint32_t d = 0; d < m->lookahead_depth && l + 1 + d < m->c.n_layer; d++) {
+            ts[n++] = m->layers[l + 1 + d].ffn_norm;
+            ts[n++] = m->layers[l + 1 + d].router;
         }
         return n;
     }
@@ -1457,9 +1489,10 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
         m->sel = sel ? sel : m->sel;
         float *sw = realloc(m->sel_w, k * sizeof *sw);
         m->sel_w = sw ? sw : m->sel_w;
-        uint32_t *pred = realloc(m->pred, k * sizeof *pred);
+        uint64_t kp = k * c->n_layer * LLAMA_LOOKAHEAD_MAX;
+        uint32_t *pred = realloc(m->pred, kp * sizeof *pred);
         m->pred = pred ? pred : m->pred;
-        float *pred_p = realloc(m->pred_p, k * sizeof *pred_p);
+        float *pred_p = realloc(m->pred_p, kp * sizeof *pred_p);
         m->pred_p = pred_p ? pred_p : m->pred_p;
         uint32_t *routes = realloc(m->routes, k * c->n_layer * sizeof *routes);
         m->routes = routes ? routes : m->routes;
@@ -1473,22 +1506,26 @@ static int batch_reserve(llama *m, uint32_t n, char *err, size_t errlen)
     return 0;
 }
 
-/* Guesses (ferry_prefetch_guess) the experts predicted for layer L + 1 by the batch's N tokens:
- * a wrong guess costs its read, never an expert the policy would have kept. */
+/* Guesses (ferry_prefetch_guess) the experts predicted for layers L + 1 .. L + lookahead_depth
+ * by the batch's N tokens, nearest layer first: a wrong guess costs its read, never an expert the
+ * policy would have kept. */
 static void guess_next(llama *m, uint32_t l, uint32_t n)
 {
     const llama_config *c = &m->c;
-    if (l + 1 >= c->n_layer || !m->lookahead)
-        return;
-    uint8_t want[LLAMA_MAX_EXPERTS] = {0};
-    for (uint64_t i = 0; i < (uint64_t)n * c->n_expert_used; i++)
-        want[m->pred[i]] |= m->pred_p[i] >= m->lookahead_min;
-    uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
-    for (uint32_t e = 0; e < c->n_expert; e++)
-        if (want[e])
-            next[kn++] = e;
-    ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
-    ferry_prefetch_guess(m->f, ex, experts_list(m, l + 1, next, kn, ex));
+    for (uint32_t d = 0; m->lookahead && d < m->lookahead_depth && l + 1 + d < c->n_layer; d++) {
+        uint8_t want[LLAMA_MAX_EXPERTS] = {0};
+        for (uint32_t t = 0; t < n; t++) {
+            uint64_t at = pred_at(m, t, l + 1 + d, d);
+            for (uint32_t i = 0; i < c->n_expert_used; i++)
+                want[m->pred[at + i]] |= m->pred_p[at + i] >= m->lookahead_min;
+        }
+        uint32_t next[LLAMA_MAX_EXPERTS], kn = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            if (want[e])
+                next[kn++] = e;
+        ferry_tensor *ex[EXP_KINDS * LLAMA_MAX_EXPERTS];
+        ferry_prefetch_guess(m->f, ex, experts_list(m, l + 1 + d, next, kn, ex));
+    }
 }
 
 /* Layer L of a mixture-of-experts model over the N tokens of the batch: attention and routing
@@ -1614,8 +1651,13 @@ const uint32_t *llama_routing(const llama *m, uint32_t t)
 
 void llama_routing_stats(const llama *m, uint64_t *hits, uint64_t *predictions)
 {
-    *hits = m->pred_hits;
-    *predictions = m->pred_total;
+    llama_routing_stats_depth(m, 0, hits, predictions);
+}
+
+void llama_routing_stats_depth(const llama *m, uint32_t d, uint64_t *hits, uint64_t *predictions)
+{
+    *hits = d < LLAMA_LOOKAHEAD_MAX ? m->pred_hits[d] : 0;
+    *predictions = d < LLAMA_LOOKAHEAD_MAX ? m->pred_total[d] : 0;
 }
 
 int llama_forward(llama *m, uint32_t token, uint32_t pos, const float **logits, char *err,

@@ -57,6 +57,8 @@ typedef struct llama_config {
 
 /* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
 #define LLAMA_MAX_EXPERTS 512
+/* The most layers ahead look-ahead predicts (llama_set_lookahead_depth). */
+#define LLAMA_LOOKAHEAD_MAX 4
 
 typedef struct llama llama;
 
@@ -91,6 +93,16 @@ void llama_set_lookahead(llama *m, int on);
 /* Look-ahead: only the predictions of router probability at least P (0, the default: all) are
  * fetched. */
 void llama_set_lookahead_min(llama *m, float p);
+/* Look-ahead: after layer L's attention, predict and guess the experts of layers L + 1 .. L +
+ * DEPTH (1 to LLAMA_LOOKAHEAD_MAX; default 1), each with its own router applied to the same
+ * residual stream, nearest first: a read started D layers ahead has D layers of compute to hide
+ * behind. Returns 0, or FERRY_EINVAL for a depth out of range. */
+int llama_set_lookahead_depth(llama *m, uint32_t depth);
+/* Mixture of experts: nonzero (the default) makes each expert a slice of its own (ferry_slice),
+ * prepared alone as the router chooses it; 0 prepares each layer's three whole expert tensors
+ * and reads an expert's rows in place. Turn them off when the whole tensors are resident (a
+ * prepare of them is then free): each slice would be read into a second copy of its rows. */
+void llama_set_expert_slices(llama *m, int on);
 /* The configuration read at create. */
 const llama_config *llama_get_config(const llama *m);
 
@@ -118,5 +130,8 @@ const uint32_t *llama_routing(const llama *m, uint32_t t);
  * many predicted experts were then chosen, *PREDICTIONS: how many were predicted, since create
  * (both 0 for a dense model). */
 void llama_routing_stats(const llama *m, uint64_t *hits, uint64_t *predictions);
+/* As llama_routing_stats, for the predictions made D + 1 layers ahead (D < the look-ahead depth;
+ * D = 0 is llama_routing_stats). */
+void llama_routing_stats_depth(const llama *m, uint32_t d, uint64_t *hits, uint64_t *predictions);
 
 #endif

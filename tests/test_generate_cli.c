@@ -148,7 +148,9 @@ int main(void)
     static const char *moe_runs[] = {"", "--batch 1", "--home disk --budget host=600KiB",
                                      "--home disk --budget host=600KiB --lookahead on",
                                      "--home disk --budget host=600KiB --lookahead on "
-                                     "--lookahead-min 0.5"};
+                                     "--lookahead-min 0.5",
+                                     "--home disk --budget host=600KiB --lookahead on "
+                                     "--lookahead-depth 2"};
     for (size_t i = 0; i < sizeof moe_runs / sizeof moe_runs[0]; i++) {
         int rc = run("generate '%s' --tokens 1,7,42 -n 5 --json --trace-routing '%s' %s", moe,
                      trace, moe_runs[i]);
@@ -157,6 +159,13 @@ int main(void)
         CHECK_EQ_INT(rc, 0);
         CHECK(strstr(out_text, "\"routing_predicted_hits\"") != NULL);
         CHECK(strstr(out_text, "\"routing_predictions\": 28") != NULL); /* 7 rows x 2 layers x 2 */
+        /* one rate per depth predicted: layers 1 and 2 one ahead, layer 2 also two ahead */
+        const char *bd = strstr(out_text, "\"routing_predicted_hits_by_depth\": [");
+        CHECK(bd != NULL);
+        int depths = 0;
+        for (const char *q = bd ? strchr(bd, '[') + 1 : NULL; q && *q && *q != ']'; q++)
+            depths += *q == ',' || q[-1] == '[';
+        CHECK_EQ_INT(depths, strstr(moe_runs[i], "--lookahead-depth 2") ? 2 : 1);
         size_t n = 0;
         char *t = slurp(trace, &n);
         int lines = 0, ok = t != NULL;
@@ -176,6 +185,14 @@ int main(void)
         }
     }
     free(t0);
+    /* resident, the experts are read once, with their whole tensors: no slice reads them again */
+    CHECK_EQ_INT(run("generate '%s' --tokens 1,7,42 -n 5 --json", moe), 0);
+    const char *br = strstr(out_text, "\"bytes_read\": "), *mb = strstr(out_text, "\"model_bytes\": ");
+    CHECK(br && mb);
+    if (br && mb) {
+        unsigned long long read = strtoull(br + 14, NULL, 10), model = strtoull(mb + 15, NULL, 10);
+        CHECK(model > 0 && read > model / 2 && read < model + model / 10);
+    }
     CHECK(strstr(out_text, "\"wait_seconds_per_token\"") != NULL);
     CHECK(strstr(out_text, "\"guess_bytes\"") != NULL);
     CHECK(strstr(out_text, "\"guess_unused_bytes\"") != NULL);
@@ -186,6 +203,12 @@ int main(void)
         CHECK_EQ_INT(run("generate '%s' --tokens 1 --lookahead on --lookahead-min '%s'", moe,
                          bad_min[i]), 2);
         CHECK(strstr(err_text, "--lookahead-min") != NULL);
+    }
+    static const char *bad_depth[] = {"0", "5", "x", "-1", "2x"};
+    for (size_t i = 0; i < sizeof bad_depth / sizeof bad_depth[0]; i++) {
+        CHECK_EQ_INT(run("generate '%s' --tokens 1 --lookahead on --lookahead-depth '%s'", moe,
+                         bad_depth[i]), 2);
+        CHECK(strstr(err_text, "--lookahead-depth") != NULL);
     }
     /* --trace: a Chrome-trace timeline with the reads of a home-disk run and one event per
      * evaluation (the 3-token prompt in one batch, then 4 tokens); never over the model */

@@ -36,14 +36,17 @@ static int embedding_group(ferry *f, const ferry_policy *policy, void *arg)
  * mapping of the file (bench/README.md), so the weights are read once, up front, with O_DIRECT
  * into ferry's huge-page host copies, as llama.cpp copies them into buffers of its own. Skipped,
  * the weights then coming as each layer is prepared, when the home copies would not fit the host
- * budget (ferry_plan_check). Returns 0 or CLI_EXIT_FAIL after saying why. */
-static int load_resident(ferry *f)
+ * budget (ferry_plan_check). *ALL: every weight was read. Returns 0 or CLI_EXIT_FAIL after
+ * saying why. */
+static int load_resident(ferry *f, int *all)
 {
+    *all = 0;
     if (ferry_plan_check(f) != 0)
         return 0;
     int rc = ferry_load_group(f, "all");
     if (rc == FERRY_EBUDGET)
         return 0; /* what loaded stays; the rest comes when prepared */
+    *all = rc == 0;
     return rc ? cli_error("%s", ferry_errmsg(f)) : 0;
 }
 
@@ -130,17 +133,23 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         "                         only experts the expert policy values less (default off)\n"
         "  --lookahead-min P      with --lookahead on: only predictions of router probability\n"
         "                         at least P, 0 to 1 (default 0: all)\n"
+        "  --lookahead-depth D    with --lookahead on: predict and guess the experts of the\n"
+        "                         next D layers, 1 to 4 (default 1), nearest first\n"
         "  --json                 one JSON object on stdout (with routing_predicted_hits and\n"
         "                         routing_predictions for a mixture of experts: how many of\n"
         "                         the experts predicted for each next layer it then chose;\n"
+        "                         routing_predicted_hits_by_depth: the same for each depth\n"
+        "                         of --lookahead-depth, 1 layer ahead first;\n"
         "                         prompt_tok_s: prompt tokens per second of their passes;\n"
         "                         wait_seconds_per_token: the time prepares waited for bytes;\n"
+        "                         bytes_read: every byte read from the files, an up-front\n"
+        "                         load included;\n"
         "                         guess_bytes, guess_unused_bytes: what look-ahead read, and\n"
         "                         of it what was dropped unused)\n"
         "%s";
     const char *tokens_s = NULL, *prompt = NULL, *n_s = NULL, *threads_s = NULL, *ctx_s = NULL,
                *logits_path = NULL, *batch_s = NULL, *trace_path = NULL, *lookahead_s = NULL,
-               *lookahead_min_s = NULL, *timeline = NULL;
+               *lookahead_min_s = NULL, *lookahead_depth_s = NULL, *timeline = NULL;
     int json = 0;
     cli_opt opts[17];
     size_t no = 0;
@@ -155,6 +164,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     opts[no++] = (cli_opt){"trace", 0, CLI_OPT_STRING, &timeline};
     opts[no++] = (cli_opt){"lookahead", 0, CLI_OPT_STRING, &lookahead_s};
     opts[no++] = (cli_opt){"lookahead-min", 0, CLI_OPT_STRING, &lookahead_min_s};
+    opts[no++] = (cli_opt){"lookahead-depth", 0, CLI_OPT_STRING, &lookahead_depth_s};
     opts[no++] = (cli_opt){"json", 0, CLI_OPT_FLAG, &json};
     int npos = 0;
     int prc = runopts_parse_args("generate", rp, &argc, argv, opts, no, &npos);
@@ -253,8 +263,11 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         rc = cli_fail(argv[1], err, -1);
         goto out;
     }
-    if (resident && (rc = load_resident(f)))
+    int all_resident = 0;
+    if (resident && (rc = load_resident(f, &all_resident)))
         goto out;
+    if (all_resident) /* the experts' whole tensors are in memory: no second copy of their rows */
+        llama_set_expert_slices(m, 0);
     if (rp->lora_mode && strcmp(rp->lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
     if (lookahead_s && strcmp(lookahead_s, "on") != 0 && strcmp(lookahead_s, "off") != 0) {
@@ -272,6 +285,16 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             goto out;
         }
         llama_set_lookahead_min(m, (float)p);
+    }
+    if (lookahead_depth_s) {
+        char *end = NULL;
+        unsigned long d = strtoul(lookahead_depth_s, &end, 10);
+        if (end == lookahead_depth_s || *end || d > UINT32_MAX ||
+            llama_set_lookahead_depth(m, (uint32_t)d) != 0) {
+            rc = cli_usage_error("generate", "--lookahead-depth: '%s' (expected 1 to %d)",
+                                 lookahead_depth_s, LLAMA_LOOKAHEAD_MAX);
+            goto out;
+        }
     }
     const llama_config *c = llama_get_config(m);
     for (long i = 0; i < np; i++)
@@ -422,6 +445,8 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         cli_json_f64(&j, prompt_tok_s);
         cli_json_key(&j, "bytes_read_per_token");
         cli_json_u64(&j, per_token);
+        cli_json_key(&j, "bytes_read");
+        cli_json_u64(&j, st.bytes_read);
         cli_json_key(&j, "model_bytes");
         cli_json_u64(&j, ferry_catalog_total_bytes(ferry_catalog_of(f)));
         cli_json_key(&j, "engine_bytes");
@@ -443,6 +468,16 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
             cli_json_u64(&j, route_hits);
             cli_json_key(&j, "routing_predictions");
             cli_json_u64(&j, route_preds);
+            cli_json_key(&j, "routing_predicted_hits_by_depth");
+            cli_json_begin_array(&j, 1);
+            for (uint32_t d = 0; d < LLAMA_LOOKAHEAD_MAX; d++) {
+                uint64_t h, np_d;
+                llama_routing_stats_depth(m, d, &h, &np_d);
+                if (!np_d)
+                    break;
+                cli_json_f64(&j, (double)h / (double)np_d);
+            }
+            cli_json_end_array(&j);
         }
         cli_json_end_object(&j);
         cli_json_finish(&j);
