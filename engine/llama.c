@@ -501,16 +501,11 @@ void llama_set_lookahead(llama *m, int on) { m->lookahead = on; }
 
 void llama_set_lookahead_min(llama *m, float p) { m->lookahead_min = p; }
 
-void llama_set_expert_slices(llama *m, int on)
+void llama_drop_expert_slices(llama *m)
 {
-    char err[256];
     for (uint32_t l = 0; l < m->c.n_layer && m->c.n_expert; l++) {
-        if (!on) {
-            free(m->layers[l].exp);
-            m->layers[l].exp = NULL;
-        } else if (!m->layers[l].exp) {
-            (void)slice_experts(m, l, err, sizeof err); /* out of memory: the whole tensors */
-        }
+        free(m->layers[l].exp);
+        m->layers[l].exp = NULL;
     }
 }
 

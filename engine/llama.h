@@ -98,11 +98,12 @@ void llama_set_lookahead_min(llama *m, float p);
  * residual stream, nearest first: a read started D layers ahead has D layers of compute to hide
  * behind. Returns 0, or FERRY_EINVAL for a depth out of range. */
 int llama_set_lookahead_depth(llama *m, uint32_t depth);
-/* Mixture of experts: nonzero (the default) makes each expert a slice of its own (ferry_slice),
- * prepared alone as the router chooses it; 0 prepares each layer's three whole expert tensors
- * and reads an expert's rows in place. Turn them off when the whole tensors are resident (a
- * prepare of them is then free): each slice would be read into a second copy of its rows. */
-void llama_set_expert_slices(llama *m, int on);
+/* Mixture of experts: each expert is a slice of its own (ferry_slice), prepared alone as the
+ * router chooses it, unless this is called: then each layer's three whole expert tensors are
+ * prepared and an expert's rows are read in place. For when the whole tensors are resident (a
+ * prepare of them is then free), where each slice would be read into a second copy of its rows.
+ * For good: the slices are not made again. */
+void llama_drop_expert_slices(llama *m);
 /* The configuration read at create. */
 const llama_config *llama_get_config(const llama *m);
 

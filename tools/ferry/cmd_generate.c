@@ -267,7 +267,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     if (resident && (rc = load_resident(f, &all_resident)))
         goto out;
     if (all_resident) /* the experts' whole tensors are in memory: no second copy of their rows */
-        llama_set_expert_slices(m, 0);
+        llama_drop_expert_slices(m);
     if (rp->lora_mode && strcmp(rp->lora_mode, "runtime") == 0)
         llama_set_lora_runtime(m, 1);
     if (lookahead_s && strcmp(lookahead_s, "on") != 0 && strcmp(lookahead_s, "off") != 0) {
