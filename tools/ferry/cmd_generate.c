@@ -178,7 +178,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         return cli_usage_error("generate", "no model file given");
     if (!tokens_s == !prompt)
         return cli_usage_error("generate", "give the prompt with one of --tokens or --prompt");
-    uint64_t n_gen = 16, threads = 0, n_ctx = 0, batch = 32;
+    uint64_t n_gen = 16, threads = 0, n_ctx = 0, batch = 32, depth = 1;
     if (n_s && cli_arg_u64("generate", "n", n_s, 1, 1u << 20, &n_gen))
         return CLI_EXIT_USAGE;
     if (threads_s && cli_arg_u64("generate", "threads", threads_s, 1, 1024, &threads))
@@ -186,6 +186,9 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
     if (ctx_s && cli_arg_u64("generate", "ctx", ctx_s, 1, 1u << 20, &n_ctx))
         return CLI_EXIT_USAGE;
     if (batch_s && cli_arg_u64("generate", "batch", batch_s, 1, 4096, &batch))
+        return CLI_EXIT_USAGE;
+    if (lookahead_depth_s && cli_arg_u64("generate", "lookahead-depth", lookahead_depth_s, 1,
+                                         LLAMA_LOOKAHEAD_MAX, &depth))
         return CLI_EXIT_USAGE;
     if (!threads) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -286,16 +289,7 @@ static int generate_cmd(runopts *rp, int argc, char **argv)
         }
         llama_set_lookahead_min(m, (float)p);
     }
-    if (lookahead_depth_s) {
-        char *end = NULL;
-        unsigned long d = strtoul(lookahead_depth_s, &end, 10);
-        if (end == lookahead_depth_s || *end || d > UINT32_MAX ||
-            llama_set_lookahead_depth(m, (uint32_t)d) != 0) {
-            rc = cli_usage_error("generate", "--lookahead-depth: '%s' (expected 1 to %d)",
-                                 lookahead_depth_s, LLAMA_LOOKAHEAD_MAX);
-            goto out;
-        }
-    }
+    llama_set_lookahead_depth(m, (uint32_t)depth); /* in range: checked with the options */
     const llama_config *c = llama_get_config(m);
     for (long i = 0; i < np; i++)
         if (prompt_ids[i] >= c->vocab) {
