@@ -404,7 +404,7 @@ typedef enum ferry_load {
     FERRY_LOAD_AUTO = 0,   /* zero-copy where MMAP would be and the tensor is mostly in the page
                               cache when bound; else a private copy, read with O_DIRECT where
                               the bytes are not cached */
-    FERRY_LOAD_MMAP = 1,   /* read-only private mapping; zero-copy where possible */
+    FERRY_LOAD_MMAP = 1,   /* read-only shared mapping; zero-copy where possible */
     FERRY_LOAD_READ = 2,   /* buffered pread in large chunks */
     FERRY_LOAD_DIRECT = 3, /* O_DIRECT into aligned buffers */
 } ferry_load;

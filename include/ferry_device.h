@@ -127,6 +127,16 @@ typedef struct ferry_device_ops {
      * the system cannot move pages (untouched). */
     int (*stitch)(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
                   uint64_t *out_size, void **rest, uint64_t *rest_size, int *gone);
+
+    /* Host memory ferry already holds, made as fast a copy source as host_alloc's: a home copy in
+     * host RAM (a private copy, or the file's mapping) that is copied to D again at every use.
+     * Both or none. ferry registers page-aligned ranges of at least 1 MiB that never overlap,
+     * copies from them with copy_h2d as from any host memory, and unregisters each before that
+     * memory is freed or unmapped (and before destroy). The memory may be a read-only mapping:
+     * the device reads it and never writes it. host_register returns 0, or a FERRY_E code with
+     * errmsg set; a refusal only costs speed (ferry copies through staging memory instead). */
+    int (*host_register)(ferry_device *d, void *ptr, uint64_t n);
+    void (*host_unregister)(ferry_device *d, void *ptr);
 } ferry_device_ops;
 
 /* 1 when table OPS has MEMBER (it lies inside the table's size) and it is set. */

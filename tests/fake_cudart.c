@@ -26,6 +26,9 @@
  *    device's stream is cudaErrorInvalidResourceHandle;
  *  - pinned memory (cudaHostAlloc) is page-aligned host memory, tracked, so freeing anything else
  *    with cudaFreeHost is cudaErrorInvalidValue;
+ *  - registered host memory (cudaHostRegister) counts as pinned until unregistered; ranges that
+ *    overlap a registered one, and unregistering what is not registered, are refused as the
+ *    runtime does (cudaErrorHostMemoryAlreadyRegistered, cudaErrorHostMemoryNotRegistered);
  *  - faults on demand (environment or fakecuda_set_faults): the N-th cudaMalloc, cudaHostAlloc
  *    or copy fails; a copy fails synchronously, asynchronously, or stickily (the context is lost).
  * Everything is guarded by one lock; copies run outside it. See fake_cudart.h for the knobs.
@@ -52,6 +55,9 @@ enum {
     E_NO_DEVICE = 100,
     E_INVALID_DEVICE = 101,
     E_INVALID_RESOURCE_HANDLE = 400,
+    E_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    E_HOST_MEMORY_NOT_REGISTERED = 713,
+    E_NOT_SUPPORTED = 801,
     E_NOT_READY = 600,
     E_ILLEGAL_ADDRESS = 700,
     E_UNKNOWN = 999,
@@ -133,6 +139,10 @@ static alloc_rec **g_recs; /* sorted by dev */
 static size_t g_nrecs, g_caprecs;
 static pinned_rec *g_pinned;
 static size_t g_npinned, g_cappinned;
+static pinned_rec *g_reg; /* registered host ranges */
+static size_t g_nreg, g_capreg;
+static int g_register_refused;        /* every cudaHostRegister fails with cudaErrorNotSupported */
+static uint64_t g_fail_register, g_n_register; /* the N-th fails with cudaErrorMemoryAllocation */
 static fstream **g_streams;
 static size_t g_nstreams, g_capstreams;
 static fevent **g_events;
@@ -184,6 +194,7 @@ static void init(void)
     __atomic_store_n(&g_delay_us, (unsigned)env_u64("FAKE_CUDA_DELAY_US", 0), __ATOMIC_RELAXED);
     g_fail_malloc = env_u64("FAKE_CUDA_FAIL_MALLOC", 0);
     g_fail_host = env_u64("FAKE_CUDA_FAIL_HOST_ALLOC", 0);
+    g_register_refused = env_u64("FAKE_CUDA_NO_REGISTER", 0) != 0;
     g_poison = env_u64("FAKE_CUDA_POISON", 1) != 0;
     g_report = env_u64("FAKE_CUDA_REPORT", 0) != 0;
     const char *fc = getenv("FAKE_CUDA_FAIL_COPY");
@@ -268,15 +279,20 @@ static int looks_device(const void *p)
     return (uintptr_t)p >= DEV_TAG;
 }
 
-static int is_pinned(const void *p, size_t n)
+static int in_recs(const pinned_rec *r, size_t nr, uintptr_t a, size_t n)
 {
-    uintptr_t a = (uintptr_t)p;
-    for (size_t i = 0; i < g_npinned; i++) {
-        uintptr_t b = (uintptr_t)g_pinned[i].p;
-        if (a >= b && a - b <= g_pinned[i].size && n <= g_pinned[i].size - (a - b))
+    for (size_t i = 0; i < nr; i++) {
+        uintptr_t b = (uintptr_t)r[i].p;
+        if (a >= b && a - b <= r[i].size && n <= r[i].size - (a - b))
             return 1;
     }
     return 0;
+}
+
+/* [P, P+N) lies within one cudaHostAlloc buffer or one registered range. Lock held. */
+static int is_pinned(const void *p, size_t n)
+{
+    return in_recs(g_pinned, g_npinned, (uintptr_t)p, n) || in_recs(g_reg, g_nreg, (uintptr_t)p, n);
 }
 
 static int stream_live(const fstream *s)
@@ -576,8 +592,11 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void
     o->rec[1] = rs;
     o->fail = injected ? (g_fail_mode == FAKECUDA_FAIL_STICKY ? E_ILLEGAL_ADDRESS : E_UNKNOWN) : 0;
     st->copies++;
-    if ((kind == K_H2D && !is_pinned(src, count)) || (kind == K_D2H && !is_pinned(dst, count)))
+    if ((kind == K_H2D && !is_pinned(src, count)) || (kind == K_D2H && !is_pinned(dst, count))) {
         st->pageable_copies++;
+        if (kind == K_H2D)
+            st->pageable_h2d_bytes += count;
+    }
     if ((rd && rd->device != sdev) || (rs && rs->device != sdev))
         st->foreign_copies++;
     if (rd)
@@ -925,6 +944,78 @@ API int cudaFreeHost(void *ptr)
     return sticky ? fail(sticky) : E_SUCCESS;
 }
 
+API int cudaHostRegister(void *ptr, size_t size, unsigned flags)
+{
+    int e = enter();
+    if (e)
+        return e;
+    if (!ptr || !size || flags > 0xFu)
+        return fail(E_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    g_n_register++;
+    int refuse = g_register_refused ? E_NOT_SUPPORTED
+                 : g_fail_register && g_n_register == g_fail_register ? E_MEMORY_ALLOCATION : 0;
+    uintptr_t a = (uintptr_t)ptr;
+    for (size_t i = 0; i < g_nreg && !refuse; i++) {
+        uintptr_t b = (uintptr_t)g_reg[i].p;
+        if (a < b + g_reg[i].size && b < a + size)
+            refuse = E_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    for (size_t i = 0; i < g_npinned && !refuse; i++) {
+        uintptr_t b = (uintptr_t)g_pinned[i].p;
+        if (a < b + g_pinned[i].size && b < a + size)
+            refuse = E_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    if (!refuse && grow((void **)&g_reg, &g_capreg, g_nreg + 1, sizeof *g_reg))
+        refuse = E_MEMORY_ALLOCATION;
+    if (refuse) {
+        g_gl.register_refusals++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(refuse);
+    }
+    /* the runtime faults every page in and locks it: read each, as it would */
+    volatile const unsigned char *q = ptr;
+    for (size_t off = 0; off < size; off += 4096)
+        (void)q[off];
+    (void)q[size - 1];
+    g_reg[g_nreg++] = (pinned_rec){ptr, size};
+    g_gl.host_registers++;
+    g_gl.live_registered++;
+    g_gl.live_registered_bytes += size;
+    pthread_mutex_unlock(&g_lock);
+    return E_SUCCESS;
+}
+
+API int cudaHostUnregister(void *ptr)
+{
+    pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    size_t i = 0;
+    while (i < g_nreg && g_reg[i].p != ptr)
+        i++;
+    if (i == g_nreg) {
+        g_gl.bad_unregisters++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(E_HOST_MEMORY_NOT_REGISTERED);
+    }
+    g_gl.live_registered--;
+    g_gl.live_registered_bytes -= g_reg[i].size;
+    g_reg[i] = g_reg[--g_nreg];
+    int sticky = g_sticky;
+    pthread_mutex_unlock(&g_lock);
+    return sticky ? fail(sticky) : E_SUCCESS;
+}
+
+API void fakecuda_set_register(int refuse_all, uint64_t fail_nth)
+{
+    pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    g_register_refused = refuse_all;
+    g_fail_register = fail_nth;
+    g_n_register = 0;
+    pthread_mutex_unlock(&g_lock);
+}
+
 API const char *cudaGetErrorString(int error)
 {
     switch (error) {
@@ -935,6 +1026,10 @@ API const char *cudaGetErrorString(int error)
     case E_NO_DEVICE: return "no CUDA-capable device is detected";
     case E_INVALID_DEVICE: return "invalid device ordinal";
     case E_INVALID_RESOURCE_HANDLE: return "invalid resource handle";
+    case E_HOST_MEMORY_ALREADY_REGISTERED:
+        return "part or all of the requested memory range is already mapped";
+    case E_HOST_MEMORY_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
+    case E_NOT_SUPPORTED: return "operation not supported";
     case E_NOT_READY: return "device not ready";
     case E_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
     case E_UNKNOWN: return "unknown error";
@@ -1071,7 +1166,8 @@ __attribute__((destructor)) static void report_at_exit(void)
             "fake_cudart: exit: live_allocs=%llu live_host_allocs=%llu live_streams=%llu "
             "live_events=%llu mallocs=%llu copies=%llu copies_done=%llu copies_refused=%llu "
             "copies_failed=%llu pageable_copies=%llu foreign_copies=%llu free_while_queued=%llu "
-            "bad_frees=%llu bad_host_frees=%llu bad_handles=%llu peak_used=%llu\n",
+            "bad_frees=%llu bad_host_frees=%llu bad_handles=%llu peak_used=%llu "
+            "host_registers=%llu live_registered=%llu bad_unregisters=%llu\n",
             (unsigned long long)t.live_allocs, (unsigned long long)t.live_host_allocs,
             (unsigned long long)t.live_streams, (unsigned long long)t.live_events,
             (unsigned long long)t.mallocs, (unsigned long long)t.copies,
@@ -1079,5 +1175,7 @@ __attribute__((destructor)) static void report_at_exit(void)
             (unsigned long long)t.copies_failed, (unsigned long long)t.pageable_copies,
             (unsigned long long)t.foreign_copies, (unsigned long long)t.free_while_queued,
             (unsigned long long)t.bad_frees, (unsigned long long)t.bad_host_frees,
-            (unsigned long long)t.bad_handles, (unsigned long long)t.peak_used);
+            (unsigned long long)t.bad_handles, (unsigned long long)t.peak_used,
+            (unsigned long long)t.host_registers, (unsigned long long)t.live_registered,
+            (unsigned long long)t.bad_unregisters);
 }

@@ -12,6 +12,7 @@
  *   FAKE_CUDA_FAIL_COPY=N[:async|:sync|:sticky]  the N-th cudaMemcpyAsync fails (see
  *                            FAKECUDA_FAIL_*; async by default)
  *   FAKE_CUDA_FAIL_HOST_ALLOC=N  the N-th cudaHostAlloc fails with cudaErrorMemoryAllocation
+ *   FAKE_CUDA_NO_REGISTER=1  every cudaHostRegister fails with cudaErrorNotSupported
  *   FAKE_CUDA_POISON=0|1     fill fresh device memory with 0xA5 (default 1)
  *   FAKE_CUDA_REPORT=1       print one line of counters to stderr at exit ("fake_cudart: exit:
  *                            live_allocs=0 ..."), so a CLI test can check what a process left
@@ -46,11 +47,17 @@ typedef struct fakecuda_stats {
     uint64_t copies_refused;    /* refused at the call: bad pointers, direction, range */
     uint64_t copies_failed;     /* injected failures (any mode) */
     uint64_t bytes_h2d, bytes_d2h;
-    uint64_t pageable_copies;   /* accepted copies whose host side is not cudaHostAlloc memory */
+    uint64_t pageable_copies;   /* accepted copies whose host side is neither cudaHostAlloc
+                                   memory nor registered */
+    uint64_t pageable_h2d_bytes; /* their bytes, of those host -> device */
     uint64_t foreign_copies;    /* device memory of another device than the stream's */
     uint64_t free_while_queued; /* cudaFree of memory a queued copy still used (cudaFree waited
                                    for it, as the real one synchronizes) */
     uint64_t host_allocs, host_frees, bad_host_frees, live_host_allocs, live_host_bytes;
+    uint64_t host_registers;    /* cudaHostRegister calls accepted */
+    uint64_t register_refusals; /* refused: overlapping, injected, not supported */
+    uint64_t bad_unregisters;   /* cudaHostUnregister of what is not registered */
+    uint64_t live_registered, live_registered_bytes;
     uint64_t live_streams, live_events;
     uint64_t bad_handles;       /* calls with a stream or event that is not live */
     uint64_t stream_waits;      /* cudaStreamWaitEvent calls accepted */
@@ -80,6 +87,9 @@ typedef int (*fakecuda_launch_fn)(void *stream, const void *dev, size_t n, unsig
                                   fakecuda_kernel_fn fn, void *ud);
 /* Restarts every device's peak_used at its current use. */
 typedef void (*fakecuda_reset_peak_fn)(void);
+/* From now on every cudaHostRegister fails with cudaErrorNotSupported when REFUSE_ALL, else the
+ * FAIL_NTH-th fails with cudaErrorMemoryAllocation (0 = never). Counting restarts at this call. */
+typedef void (*fakecuda_set_register_fn)(int refuse_all, uint64_t fail_nth);
 /* Ends the lost-context state of a sticky failure (as a fresh process would). */
 typedef void (*fakecuda_clear_sticky_fn)(void);
 

@@ -37,8 +37,9 @@ static fakecuda_set_delay_fn fc_delay;
 static fakecuda_clear_sticky_fn fc_clear_sticky;
 static fakecuda_set_record_fault_fn fc_record_fault;
 static fakecuda_reset_peak_fn fc_reset_peak;
+static fakecuda_set_register_fn fc_register;
 
-static char g_gguf[1200], g_st[1200], g_q8[1200];
+static char g_gguf[1200], g_st[1200], g_q8[1200], g_big[1200];
 static uint64_t g_refused;        /* copies the tests had refused on purpose */
 static uint64_t g_bad_host_frees; /* and pinned frees of what is not pinned memory */
 
@@ -57,16 +58,19 @@ static void check_clean(const char *when)
     int ok = s.live_allocs == 0 && s.used == 0 && s.live_host_allocs == 0 &&
              s.live_streams == 0 && s.live_events == 0 && s.copies_refused == g_refused &&
              s.foreign_copies == 0 && s.free_while_queued == 0 && s.bad_frees == 0 &&
-             s.bad_host_frees == g_bad_host_frees && s.bad_handles == 0 && s.copies_done == s.copies;
+             s.bad_host_frees == g_bad_host_frees && s.bad_handles == 0 && s.copies_done == s.copies &&
+             s.live_registered == 0 && s.bad_unregisters == 0;
     if (!ok)
         fprintf(stderr,
                 "%s: live allocs %" PRIu64 " (%" PRIu64 " bytes), pinned %" PRIu64
                 ", streams %" PRIu64 ", events %" PRIu64 ", refused %" PRIu64 ", foreign %" PRIu64
                 ", free while queued %" PRIu64 ", bad frees %" PRIu64 "/%" PRIu64
-                ", bad handles %" PRIu64 ", copies %" PRIu64 " done %" PRIu64 "\n",
+                ", bad handles %" PRIu64 ", copies %" PRIu64 " done %" PRIu64
+                ", registered %" PRIu64 ", bad unregisters %" PRIu64 "\n",
                 when, s.live_allocs, s.used, s.live_host_allocs, s.live_streams, s.live_events,
                 s.copies_refused, s.foreign_copies, s.free_while_queued, s.bad_frees,
-                s.bad_host_frees, s.bad_handles, s.copies, s.copies_done);
+                s.bad_host_frees, s.bad_handles, s.copies, s.copies_done, s.live_registered,
+                s.bad_unregisters);
     CHECK(ok);
 }
 
@@ -477,6 +481,92 @@ static void manager_stream(void)
         stream_one(&cases[i]);
 }
 
+/* The process's mapping of PATH is read-only and shared ("r--s" in /proc/self/maps). */
+static int mapping_shared(const char *path)
+{
+    FILE *m = fopen("/proc/self/maps", "r");
+    char line[1600];
+    int found = 0, shared = 1;
+    while (m && fgets(line, sizeof line, m)) {
+        line[strcspn(line, "\n")] = 0;
+        size_t n = strlen(line), k = strlen(path);
+        if (n < k || strcmp(line + n - k, path) != 0)
+            continue;
+        char perms[8] = "";
+        if (sscanf(line, "%*s %7s", perms) == 1) {
+            found = 1;
+            shared &= strcmp(perms, "r--s") == 0;
+        }
+    }
+    if (m)
+        fclose(m);
+    return found && shared;
+}
+
+/* A host home copied to the device at every use is registered with it (its page-aligned part,
+ * tensors of at least 1 MiB): later passes copy it with no pageable copy but the parts before and
+ * after, under a page each (a private copy's; the mapping's go through staging). Refused, ferry
+ * copies through staging as before, and does not ask again. Either way the bytes are the file's,
+ * and nothing stays registered after ferry_destroy (check_clean). */
+static void registered_case(ferry_load load, int refuse)
+{
+    fc_register(refuse, 0);
+    ferry *f = ferry_create(NULL);
+    int dev = -1;
+    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
+    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0); /* a layer is 10 MiB, the model 20 */
+    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = load, .compute_device = dev};
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    layers L;
+    layers_of(f, &L);
+    uint64_t big = 0, model = ferry_catalog_total_bytes(ferry_catalog_of(f));
+    for (size_t i = 0; i < L.n; i++) {
+        ferry_tensor_info info;
+        ferry_tensor_get_info(L.t[i], &info);
+        big += info.nbytes >= 2 * MiB;
+    }
+    CHECK_EQ_INT(big, 8);
+    fakecuda_stats s0 = stats(-1);
+    CHECK_EQ_INT(pass_layers(f, &L), 0);
+    fakecuda_stats s1 = stats(-1);
+    CHECK_EQ_INT(pass_layers(f, &L), 0);
+    fakecuda_stats s2 = stats(-1);
+    uint64_t regs = s2.host_registers - s0.host_registers;
+    uint64_t refusals = s2.register_refusals - s0.register_refusals;
+    uint64_t pageable = s2.pageable_h2d_bytes - s1.pageable_h2d_bytes; /* pass 2 */
+    if (load == FERRY_LOAD_MMAP)
+        CHECK(mapping_shared(g_big)); /* else pinning it would copy each page (see iofile.c) */
+    if (refuse) {
+        CHECK_EQ_INT(regs, 0);
+        /* each asked once (read-only, then without), not at every pass */
+        CHECK(refusals >= big && refusals <= 2 * big);
+        CHECK_EQ_INT(s2.live_registered, 0);
+        if (load == FERRY_LOAD_READ)
+            CHECK(pageable >= model - model / 8); /* the private copies, as they are */
+    } else {
+        CHECK_EQ_INT(refusals, 0);
+        CHECK(regs >= big && regs <= L.n);
+        CHECK_EQ_INT(s1.host_registers - s0.host_registers, regs); /* all in pass 1 */
+        CHECK(s2.live_registered == regs);
+        CHECK(pageable <= 2 * 4096 * regs + (model - big * 2 * MiB));
+        if (load == FERRY_LOAD_MMAP)
+            CHECK(pageable <= model - big * 2 * MiB); /* none from the registered tensors */
+    }
+    free(L.t);
+    ferry_destroy(f);
+    fc_register(0, 0);
+    check_clean(refuse ? "registration refused" : "registered");
+}
+
+static void manager_registered(void)
+{
+    registered_case(FERRY_LOAD_READ, 0);
+    registered_case(FERRY_LOAD_MMAP, 0);
+    registered_case(FERRY_LOAD_READ, 1);
+    registered_case(FERRY_LOAD_MMAP, 1);
+}
+
 /* Four threads stream their own layers through one budget at once. */
 typedef struct thr_arg {
     ferry *f;
@@ -787,8 +877,9 @@ int main(void)
     *(void **)&fc_clear_sticky = dlsym(lib, "fakecuda_clear_sticky");
     *(void **)&fc_record_fault = dlsym(lib, "fakecuda_set_record_fault");
     *(void **)&fc_reset_peak = dlsym(lib, "fakecuda_reset_peak");
+    *(void **)&fc_register = dlsym(lib, "fakecuda_set_register");
     if (!fc_stats || !fc_faults || !fc_delay || !fc_clear_sticky || !fc_record_fault ||
-        !fc_reset_peak) {
+        !fc_reset_peak || !fc_register) {
         fprintf(stderr, "%s lacks the test hooks\n", FAKE_CUDART);
         return 1;
     }
@@ -797,6 +888,7 @@ int main(void)
     snprintf(g_gguf, sizeof g_gguf, "%s/m.gguf", dir);
     snprintf(g_st, sizeof g_st, "%s/m.safetensors", dir);
     snprintf(g_q8, sizeof g_q8, "%s/q8.gguf", dir);
+    snprintf(g_big, sizeof g_big, "%s/big.gguf", dir);
     fixture_tensor ts[64];
     size_t n = fixture_layout(ts, 6, 256, 512, 512, FERRY_DTYPE_F16, 0);
     if (fixture_write(g_gguf, FERRY_FORMAT_GGUF, ts, n))
@@ -807,12 +899,16 @@ int main(void)
     n = fixture_layout(ts, 3, 128, 256, 300, FERRY_DTYPE_Q8_0, 0);
     if (fixture_write(g_q8, FERRY_FORMAT_GGUF, ts, n))
         return 2;
+    n = fixture_layout(ts, 2, 1024, 1536, 256, FERRY_DTYPE_F16, 0);
+    if (fixture_write(g_big, FERRY_FORMAT_GGUF, ts, n))
+        return 2;
 
     device_basics();
     device_copy_faults();
     device_sticky();
     device_ordinals();
     manager_stream();
+    manager_registered();
     manager_threads();
     split_case("cpu", 1, 1, FERRY_HOME_HOST);
     split_case("cuda:1", 1, 3, FERRY_HOME_HOST);

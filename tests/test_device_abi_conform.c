@@ -297,6 +297,12 @@ static int lone_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *
     return 0;
 }
 
+static int lone_register(ferry_device *d, void *p, uint64_t n)
+{
+    (void)d, (void)p, (void)n;
+    return 0;
+}
+
 /* Tables ferry must refuse, each with a message naming the cause; the device stays the caller's. */
 static void test_refused_tables(void)
 {
@@ -308,7 +314,7 @@ static void test_refused_tables(void)
         int version;
         uint32_t size;
         int drop; /* 1: props NULL, 2: wait NULL, 3: one event member, 4: block alone,
-                     5: host_alloc without host_free */
+                     5: host_alloc without host_free, 6: host_register alone */
     } cases[] = {
         {"version 0", 0, sizeof(ferry_device_ops), 0},
         {"version 1", 1, sizeof(ferry_device_ops), 0},
@@ -321,6 +327,7 @@ static void test_refused_tables(void)
         {"1 of the 5 event members", FERRY_DEVICE_OPS_VERSION, sizeof(ferry_device_ops), 3},
         {"1 of set_reuse, block, stitch", FERRY_DEVICE_OPS_VERSION, sizeof(ferry_device_ops), 4},
         {"host_alloc and host_free", FERRY_DEVICE_OPS_VERSION, sizeof(ferry_device_ops), 5},
+        {"host_register and host_unregister", FERRY_DEVICE_OPS_VERSION, sizeof(ferry_device_ops), 6},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bad = ext_ops;
@@ -336,6 +343,8 @@ static void test_refused_tables(void)
             bad.block = lone_block;
         if (cases[i].drop == 5)
             bad.host_alloc = ext_alloc;
+        if (cases[i].drop == 6)
+            bad.host_register = lone_register;
         char msg[256];
         CHECK_EQ_INT(ferry_device_check(&e->base, msg, sizeof msg), FERRY_EINVAL);
         if (!strstr(msg, cases[i].what))

@@ -80,6 +80,12 @@ typedef struct ferry__copy {
     int merged;       /* LoRA terms were added to it */
     int status;       /* the last job's result when it failed */
     int ahead;        /* filled by a prefetch and not used since: it holds a window's bytes */
+    /* A host copy copied to an accelerator at each use: the page-aligned part of its bytes
+     * registered with device reg_dev (host_register), undone when the copy is dropped. */
+    void *reg;        /* NULL: none */
+    uint64_t reg_len;
+    int reg_dev;
+    int reg_refused;  /* the device refused: not asked again for this copy */
 } ferry__copy;
 
 /* One adapter's term on one weight. */
@@ -233,6 +239,14 @@ typedef struct ferry__job {
     /* FILL_LOCK's outcome, set by the loader without the lock, read under it by finish_job */
     uint64_t mlocked;         /* bytes it locked from the mapping (0: none) */
     int mlock_refused;        /* the kernel refused (RLIMIT_MEMLOCK): counted, no error */
+    /* The host copy as a registered copy source (FILL_COMP to an accelerator from a host home):
+     * reg_want, set when queued, asks the loader to register it; reg_src and [reg_lo, reg_hi)
+     * (offsets in the tensor) then name the bytes the copy engine reads directly, set when queued
+     * for a range registered before, or by the loader (reg_new, read under the lock by
+     * finish_job, which records or undoes it; reg_refused likewise). */
+    int reg_want, reg_new, reg_refused, reg_mapped;
+    const unsigned char *reg_src;
+    uint64_t reg_lo, reg_hi;
 } ferry__job;
 
 /* An event of the public API (stream.c). Engine events have one device handle; a prepare event

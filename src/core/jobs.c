@@ -94,6 +94,65 @@ void ferry__lock_copy(ferry *f, int lock, ferry__copy *c, uint64_t len)
     }
 }
 
+/* The host copy as the copy source of job J (see ferry__job): a host home copied to an
+ * accelerator unchanged, whose device can register host memory. Lock held. */
+static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
+{
+    const ferry__copy *h = &t->host;
+    if (!(j->fill & FILL_COMP) || j->transformed || ferry__host_side(f, t->comp.dev) ||
+        ferry__effective_home(f, t) != FERRY_HOME_HOST || h->state == FERRY__EMPTY)
+        return;
+    j->reg_mapped = h->mapped;
+    if (h->reg) {
+        j->reg_src = h->ptr;
+        j->reg_lo = (uint64_t)((const unsigned char *)h->reg - (const unsigned char *)h->ptr);
+        j->reg_hi = j->reg_lo + h->reg_len;
+    } else if (!h->reg_refused && FERRY_DEVICE_HAS(f->devs[t->comp.dev].d->ops, host_register)) {
+        j->reg_want = 1;
+    }
+}
+
+/* Registers the page-aligned part of T's host bytes at BASE with the job's device (reg_want);
+ * ranges under FERRY__REG_MIN are not worth a registration. Loader, without the lock. */
+#define FERRY__REG_MIN (UINT64_C(1) << 20)
+static void reg_now(ferry_device *d, const ferry_tensor *t, const unsigned char *base, ferry__job *j)
+{
+    const uintptr_t page = 4096;
+    uintptr_t b = (uintptr_t)base, lo = (b + page - 1) & ~(page - 1);
+    uintptr_t hi = (b + (uintptr_t)t->info.nbytes) & ~(page - 1);
+    if (hi <= lo || hi - lo < FERRY__REG_MIN)
+        return;
+    j->reg_src = base;
+    if (d->ops->host_register(d, (void *)lo, (uint64_t)(hi - lo))) {
+        j->reg_refused = 1;
+        return;
+    }
+    j->reg_new = 1;
+    j->reg_lo = lo - b;
+    j->reg_hi = hi - b;
+}
+
+/* Records job J's registration on T's host copy, or undoes it when that copy went meanwhile or
+ * has one already. Lock held. */
+static void reg_settle(ferry *f, ferry_tensor *t, const ferry__job *j)
+{
+    ferry__copy *h = &t->host;
+    int same = h->state == FERRY__READY && h->ptr == j->reg_src;
+    if (j->reg_refused && same)
+        h->reg_refused = 1;
+    if (!j->reg_new)
+        return;
+    void *p = (void *)(j->reg_src + j->reg_lo);
+    if (same && !h->reg) {
+        h->reg = p;
+        h->reg_len = j->reg_hi - j->reg_lo;
+        h->reg_dev = t->comp.dev;
+    } else {
+        ferry_device *d = f->devs[t->comp.dev].d;
+        d->ops->host_unregister(d, p);
+    }
+}
+
 static int run_job_inner(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e);
 
 static int run_job(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e)
@@ -188,6 +247,8 @@ static int run_job_inner(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__
         int mapped = have && t->host.mapped;
         const unsigned char *src = have && !mapped ? t->host.ptr : NULL;
         ferry__xfer_env env = ferry__xfer_env_of(f, t->comp.dev);
+        if (j->reg_want && have)
+            reg_now(env.dev, t, t->host.ptr, j);
         rc = ferry__transfer(&env, lc, t, j, src, mapped, j->load, &t->comp, e);
         if (!rc && t->comp.permanent)
             ferry__lock_copy(f, j->lock, &t->comp, j->out_bytes);
@@ -357,6 +418,7 @@ int ferry__enqueue(ferry *f, ferry_tensor *t, int home_only, int prefetch, uint6
     j->hint = prefetch && f->moe.guess == t;
     j->fill = fill;
     j->next = NULL;
+    reg_plan(f, t, j);
     /* a demand load goes before the prefetches not started: a prepare waits for it now, they
      * are for later */
     ferry__job **pp = &f->jobs.queue_head;
@@ -597,6 +659,7 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
             return;
     }
     if (rc) {
+        reg_settle(f, t, j); /* before a host copy filled by this job is freed */
         if (fill & FILL_COMP) {
             ferry__copy_failed(f, t, &t->comp, rc);
             t->failed_prefetch = j->prefetch;
@@ -615,6 +678,7 @@ void ferry__finish_job(ferry *f, ferry__job *j, int fill, int rc, const ferry__e
     } else {
         if (fill & FILL_HOST)
             ferry__copy_ready(f, t, &t->host);
+        reg_settle(f, t, j);
         if (fill & FILL_COMP) {
             if (j->hint) {
                 t->guess_loaded = 1;

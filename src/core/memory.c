@@ -224,6 +224,10 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
         f->stats.guess_unused_bytes += t->out_bytes; /* a guess's load that no prepare used */
         t->guess_loaded = 0;
     }
+    if (c->reg) {
+        ferry_device *d = f->devs[c->reg_dev].d;
+        d->ops->host_unregister(d, c->reg);
+    }
     if (c->locked && c->ptr && c->mem.arena)
         ferry__arena_unlock(c->ptr, c->locked);
     else if (c->locked && c->ptr)

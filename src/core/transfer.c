@@ -189,6 +189,53 @@ static uint64_t merge_chunk_elems(const ferry_tensor *t, ferry_dtype out, uint64
  * and adds J's LoRA terms on the way. HOME_MAPPED: the home copy is the file mapping, whose bytes
  * are read through the descriptor instead (a copy out of a mapping of a truncated file dies of
  * SIGBUS) and count as copied, not read. */
+/* An unchanged copy from a registered host copy (J's reg_src, registered in [reg_lo, reg_hi)):
+ * the copy engine reads the registered part where it lies, in one copy. The parts before and
+ * after it, under a page each, are copied as they are from a private copy, or read through the
+ * descriptor into staging memory from the mapping (which a changed file may no longer back). */
+static int transfer_registered(const ferry__xfer_env *env, ferry__loader_ctx *lc,
+                               const ferry_tensor *t, const ferry__job *j, ferry_load mode,
+                               unsigned char *dptr, ferry__err *e)
+{
+    ferry_device *d = env->dev;
+    uint64_t n = t->info.nbytes, lo = j->reg_lo, hi = j->reg_hi;
+    uint64_t off[3] = {lo, 0, hi}, len[3] = {hi - lo, lo, n - hi}, ticket[3];
+    char msg[256];
+    int rc = 0, issued = 0;
+    if (j->reg_mapped && (lo || hi < n)) {
+        rc = ctx_buffers(lc, NEED_STAGE, FERRY__XFER_CHUNK, d, 0);
+        if (rc)
+            return ferry__fail(e, rc, "%s: tensor '%s': out of memory for staging buffers",
+                               env->dev_name, t->info.name);
+    }
+    for (int k = 0; k < 3 && !rc; k++) {
+        if (!len[k])
+            continue;
+        const unsigned char *src = j->reg_src + off[k];
+        if (k && j->reg_mapped) {
+            unsigned char *buf = lc->stage[k - 1] + (t->info.offset + off[k]) % FERRY__IO_ALIGN;
+            if ((rc = ferry__read_file(env, t, off[k], len[k], buf, mode, 0, e)) != 0)
+                break;
+            src = buf;
+        }
+        rc = d->ops->copy_h2d(d, dptr + off[k], src, len[k], &ticket[issued]);
+        if (rc) {
+            ferry__fail(e, rc, "%s: tensor '%s': copy to device failed: %s", env->dev_name,
+                        t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
+            break;
+        }
+        issued++;
+        ferry__add_stat(env->bytes_copied, len[k]);
+    }
+    for (int k = 0; k < issued; k++) {
+        int wrc = d->ops->wait(d, ticket[k]);
+        if (wrc && !rc)
+            rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", env->dev_name,
+                             t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
+    }
+    return rc;
+}
+
 int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const ferry_tensor *t,
                     const ferry__job *j, const unsigned char *src_host, int home_mapped,
                     ferry_load mode, ferry__copy *dst, ferry__err *e)
@@ -213,6 +260,8 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
             ferry__add_stat(env->bytes_copied, t->info.nbytes);
         return rc;
     }
+    if (j->reg_hi > j->reg_lo && !converted && !merging && !to_host)
+        return transfer_registered(env, lc, t, j, mode, dptr, e);
     uint64_t n = t->info.n_elems, step, need = FERRY__XFER_CHUNK, cols = 1, rows = 1;
     if (merging) {
         step = merge_chunk_elems(t, out, &need);

@@ -35,6 +35,8 @@ typedef int cuda_err;               /* cudaError_t; 0 is cudaSuccess */
 #define CUDA_STREAM_NON_BLOCKING 1u  /* cudaStreamNonBlocking */
 #define CUDA_EVENT_DISABLE_TIMING 2u /* cudaEventDisableTiming */
 #define CUDA_HOST_ALLOC_PORTABLE 1u  /* cudaHostAllocPortable */
+#define CUDA_HOST_REGISTER_PORTABLE 1u  /* cudaHostRegisterPortable */
+#define CUDA_HOST_REGISTER_READ_ONLY 8u /* cudaHostRegisterReadOnly (CUDA 11.1) */
 #define CUDA_ALIGN 256               /* cudaMalloc returns at least 256-byte aligned memory */
 
 typedef struct cudart {
@@ -55,6 +57,8 @@ typedef struct cudart {
     cuda_err (*MemGetInfo)(size_t *, size_t *);
     cuda_err (*HostAlloc)(void **, size_t, unsigned);
     cuda_err (*FreeHost)(void *);
+    cuda_err (*HostRegister)(void *, size_t, unsigned);   /* optional, with HostUnregister */
+    cuda_err (*HostUnregister)(void *);
     const char *(*GetErrorString)(cuda_err);
     cuda_err (*GetLastError)(void);
 } cudart;
@@ -124,6 +128,9 @@ static void rt_load(void)
     LOAD(GetLastError)
 #undef LOAD
     ferry__dlsym_fn(lib, "cudaStreamWaitEvent", &rt.StreamWaitEvent, sizeof rt.StreamWaitEvent);
+    if (ferry__dlsym_fn(lib, "cudaHostRegister", &rt.HostRegister, sizeof rt.HostRegister) ||
+        ferry__dlsym_fn(lib, "cudaHostUnregister", &rt.HostUnregister, sizeof rt.HostUnregister))
+        rt.HostRegister = NULL, rt.HostUnregister = NULL;
     rt_ok = 1;
 }
 
@@ -610,6 +617,52 @@ static int cuda_event_query(ferry_device *d, void *ev)
     return 1;
 }
 
+/* ---- registered host memory --------------------------------------------------------------------
+ * A home copy in host RAM, page-locked where it lies so that the copy engine reads it directly:
+ * copies from pageable memory go through the runtime's own staging at a fraction of the link's
+ * rate. Portable, so every cuda device may copy from it. Read-only first, which a read-only file
+ * mapping needs; memory the runtime refuses that way (runtimes before 11.1) is asked for again
+ * without the flag. */
+static int cuda_host_register(ferry_device *d, void *ptr, uint64_t n)
+{
+    cuda_device *c = (cuda_device *)d;
+    if (!rt.HostRegister)
+        return ferry__device_fail(d, FERRY_EUNSUPPORTED, "%s: the CUDA runtime lacks "
+                                  "cudaHostRegister", FERRY__DP(d).name);
+    if (!ptr || !n || n > SIZE_MAX)
+        return ferry__device_fail(d, FERRY_EINVAL, "%s: host_register of %" PRIu64 " bytes at %p",
+                                  FERRY__DP(d).name, n, ptr);
+    cuda_err e = set_dev(c);
+    if (!e) {
+        e = rt.HostRegister(ptr, (size_t)n, CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_READ_ONLY);
+        if (e) {
+            rt.GetLastError();
+            e = rt.HostRegister(ptr, (size_t)n, CUDA_HOST_REGISTER_PORTABLE);
+        }
+    }
+    if (e) {
+        rt.GetLastError();
+        char a[32];
+        return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
+                                  "%s: cudaHostRegister of %s at %p failed: %s", FERRY__DP(d).name,
+                                  ferry__fmt_size(n, a), ptr, cuda_str(e));
+    }
+    return 0;
+}
+
+static void cuda_host_unregister(ferry_device *d, void *ptr)
+{
+    cuda_device *c = (cuda_device *)d;
+    cuda_err e = rt.HostUnregister ? set_dev(c) : 0;
+    if (!e && rt.HostUnregister)
+        e = rt.HostUnregister(ptr);
+    if (e) {
+        rt.GetLastError();
+        ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaHostUnregister(%p) failed: %s",
+                           FERRY__DP(d).name, ptr, cuda_str(e));
+    }
+}
+
 static const ferry_device_ops cuda_ops = {
     .version = FERRY_DEVICE_OPS_VERSION,
     .size = sizeof(ferry_device_ops),
@@ -631,6 +684,8 @@ static const ferry_device_ops cuda_ops = {
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
     .event_query = cuda_event_query,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
 };
 
 int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *err, size_t errlen)

@@ -73,6 +73,9 @@ FERRY_API int ferry_device_check(const ferry_device *d, char *errmsg, size_t err
     if (FERRY_DEVICE_HAS(o, host_alloc) != FERRY_DEVICE_HAS(o, host_free))
         return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
                       "device operation table: host_alloc and host_free go together");
+    if (FERRY_DEVICE_HAS(o, host_register) != FERRY_DEVICE_HAS(o, host_unregister))
+        return ferry__device_seterr(errmsg, errlen, FERRY_EINVAL,
+                      "device operation table: host_register and host_unregister go together");
     return 0;
 }
 

@@ -144,6 +144,16 @@ static void fault_host_free(ferry_device *d, void *ptr)
     INNER(d)->ops->host_free(INNER(d), ptr);
 }
 
+static int fault_host_register(ferry_device *d, void *ptr, uint64_t n)
+{
+    return INNER(d)->ops->host_register(INNER(d), ptr, n);
+}
+
+static void fault_host_unregister(ferry_device *d, void *ptr)
+{
+    INNER(d)->ops->host_unregister(INNER(d), ptr);
+}
+
 static int fault_read_sync(ferry_device *d, void *dst, const void *src, uint64_t n)
 {
     return INNER(d)->ops->read_sync(INNER(d), dst, src, n);
@@ -284,6 +294,10 @@ int ferry__fault_open(const char *spec, ferry__device_opener open_inner, char *e
     if (FERRY_DEVICE_HAS(io, host_alloc) && FERRY_DEVICE_HAS(io, host_free)) {
         o->host_alloc = fault_host_alloc;
         o->host_free = fault_host_free;
+    }
+    if (FERRY_DEVICE_HAS(io, host_register) && FERRY_DEVICE_HAS(io, host_unregister)) {
+        o->host_register = fault_host_register;
+        o->host_unregister = fault_host_unregister;
     }
     o->read_sync = FERRY_DEVICE_HAS(io, read_sync) ? fault_read_sync : NULL;
     if (ferry__device_has_events(f->inner)) {

@@ -1061,8 +1061,9 @@ VD_VNNI static uint64_t multi_rows(int q4, const uint8_t *w, uint64_t rb, uint64
             multi_prepare(xv, xq_stride, nv, b0, cb, q4 ? 8 : 128, xs);
             for (uint64_t r0 = 0; r0 < 4 * groups; r0 += 4) {
                 __m512 acc[MULTI_QUADS];
-                for (int g = 0; g < nq; g++) {
+                for (int g = 0; g < MULTI_QUADS; g++) /* all: gcc 13 cannot see that nq suffice */
                     acc[g] = _mm512_setzero_ps();
+                for (int g = 0; g < nq; g++) {
                     for (int k = 0; k < 4 && b0 > 0; k++) {
                         int v = 4 * g + k < nv ? 4 * g + k : nv - 1;
                         acc[g] = _mm512_mask_broadcast_f32x4(

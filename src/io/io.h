@@ -30,7 +30,7 @@
 #define FERRY__IO_CHUNK_MIN (UINT64_C(64) << 10)
 #define FERRY__IO_CHUNK_MAX (UINT64_C(1) << 30) /* io_uring's lengths are 32-bit */
 
-/* A file open for reading. Never written: the mapping is PROT_READ, MAP_PRIVATE.
+/* A file open for reading. Never written: the mapping is PROT_READ, MAP_SHARED (iofile.c says why).
  * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
  * truncated under it is an error, not SIGBUS. Only zero-copy pointers handed to the engine read
  * the mapping (the catalog parses headers from pread buffers too). The struct must not move between open and close (the

@@ -1,10 +1,13 @@
 /*
  * iofile.c — files opened for reading by the I/O engine: a buffered descriptor, an O_DIRECT
- * descriptor when the filesystem allows one, and a read-only private mapping of the whole file;
+ * descriptor when the filesystem allows one, and a read-only shared mapping of the whole file;
  * plus the page-cache probes (madvise by range, mincore residency, dropping the file's pages).
  *
- * ferry never writes a model file, so the mapping is PROT_READ and MAP_PRIVATE: no page of it is
- * ever dirty, and dropping its pages from the page cache only costs a re-read. Someone else may:
+ * ferry never writes a model file, so the mapping is PROT_READ of a read-only descriptor: no page
+ * of it is ever dirty, no mprotect can make it writable, and dropping its pages from the page
+ * cache only costs a re-read. MAP_SHARED, not MAP_PRIVATE: a device that page-locks the mapping
+ * for its copy engine (cudaHostRegister) would copy every page of a private one into anonymous
+ * memory, a second copy of the model, where a shared one stays the page cache. Someone else may:
  * the file's identity at open (device, inode, size, modification time) is kept, and
  * ferry__iofile_check compares the descriptor and the path against it.
  */
@@ -106,7 +109,7 @@ int ferry__iofile_open(const char *path, ferry__iofile *f, ferry__err *e)
 
     const unsigned char *map = NULL;
     if (size > 0) {
-        void *m = ferry__sys_mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *m = ferry__sys_mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
             int err = errno;
             ferry__sys_close(fd);
