@@ -559,8 +559,33 @@ static void registered_case(ferry_load load, int refuse)
     check_clean(refuse ? "registration refused" : "registered");
 }
 
+/* A mapping registered is page-locked: ferry registers no more of it than the host budget's
+ * room, and the bytes are right either way. */
+static void registered_capped(void)
+{
+    ferry *f = ferry_create(NULL);
+    int dev = -1;
+    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
+    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0);
+    CHECK_EQ_INT(ferry_set_budget(f, 0, 7 * MiB), 0);
+    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP, .compute_device = dev};
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    layers L;
+    layers_of(f, &L);
+    for (int pass = 0; pass < 2; pass++)
+        CHECK_EQ_INT(pass_layers(f, &L), 0);
+    fakecuda_stats s = stats(-1);
+    CHECK(s.live_registered >= 2 && s.live_registered <= 3); /* 2 and 3 MiB tensors */
+    CHECK(s.live_registered_bytes <= 7 * MiB);
+    free(L.t);
+    ferry_destroy(f);
+    check_clean("registered within the host budget");
+}
+
 static void manager_registered(void)
 {
+    registered_capped();
     registered_case(FERRY_LOAD_READ, 0);
     registered_case(FERRY_LOAD_MMAP, 0);
     registered_case(FERRY_LOAD_READ, 1);

@@ -215,6 +215,8 @@ typedef struct ferry__dev {
     int default_budget;       /* the host under its default budget: no pool, freed buffers go
                                  back to the system (a pool would hold them from the rest) */
     ferry_tensor *evictable;  /* the tensors whose comp copy here may be evicted (memory.c) */
+    uint64_t reg_mapped;      /* host: bytes of file mappings registered with devices, which
+                                 page-locks them; kept within the budget's room (jobs.c) */
 } ferry__dev;
 
 typedef struct ferry__job {
@@ -245,6 +247,7 @@ typedef struct ferry__job {
      * for a range registered before, or by the loader (reg_new, read under the lock by
      * finish_job, which records or undoes it; reg_refused likewise). */
     int reg_want, reg_new, reg_refused, reg_mapped;
+    uint64_t reg_reserved;    /* bytes of a mapping counted in reg_mapped while it registers */
     const unsigned char *reg_src;
     uint64_t reg_lo, reg_hi;
 } ferry__job;

@@ -103,12 +103,22 @@ static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
         ferry__effective_home(f, t) != FERRY_HOME_HOST || h->state == FERRY__EMPTY)
         return;
     j->reg_mapped = h->mapped;
+    /* A mapping registered is page-locked, held in RAM as a private copy would be, though the
+     * host budget does not count it: registered only while it fits in the budget's room. */
+    const ferry__dev *H = &f->devs[FERRY__HOST];
+    uint64_t room = !H->budget ? UINT64_MAX : H->budget > H->used ? H->budget - H->used : 0;
+    if (h->mapped && !h->reg && H->reg_mapped + t->info.nbytes > room)
+        return;
     if (h->reg) {
         j->reg_src = h->ptr;
         j->reg_lo = (uint64_t)((const unsigned char *)h->reg - (const unsigned char *)h->ptr);
         j->reg_hi = j->reg_lo + h->reg_len;
     } else if (!h->reg_refused && FERRY_DEVICE_HAS(f->devs[t->comp.dev].d->ops, host_register)) {
         j->reg_want = 1;
+        if (h->mapped) { /* counted from now, so that loaders at work at once stay within it */
+            j->reg_reserved = t->info.nbytes;
+            f->devs[FERRY__HOST].reg_mapped += j->reg_reserved;
+        }
     }
 }
 
@@ -138,6 +148,7 @@ static void reg_settle(ferry *f, ferry_tensor *t, const ferry__job *j)
 {
     ferry__copy *h = &t->host;
     int same = h->state == FERRY__READY && h->ptr == j->reg_src;
+    f->devs[FERRY__HOST].reg_mapped -= j->reg_reserved;
     if (j->reg_refused && same)
         h->reg_refused = 1;
     if (!j->reg_new)
@@ -147,6 +158,8 @@ static void reg_settle(ferry *f, ferry_tensor *t, const ferry__job *j)
         h->reg = p;
         h->reg_len = j->reg_hi - j->reg_lo;
         h->reg_dev = t->comp.dev;
+        if (h->mapped)
+            f->devs[FERRY__HOST].reg_mapped += h->reg_len;
     } else {
         ferry_device *d = f->devs[t->comp.dev].d;
         d->ops->host_unregister(d, p);

@@ -227,6 +227,8 @@ void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c)
     if (c->reg) {
         ferry_device *d = f->devs[c->reg_dev].d;
         d->ops->host_unregister(d, c->reg);
+        if (c->mapped)
+            f->devs[FERRY__HOST].reg_mapped -= c->reg_len;
     }
     if (c->locked && c->ptr && c->mem.arena)
         ferry__arena_unlock(c->ptr, c->locked);
