@@ -514,6 +514,24 @@ FERRY_API const char *ferry_errmsg(const ferry *f);
 /* F's I/O settings into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */
 FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
 
+/* How load AUTO reads the bytes of a tensor the page cache does not hold. By default into a
+ * private copy with O_DIRECT; but a manager's first ferry_load_group of at least 512 MiB of such
+ * tensors measures, on their file, both that and filling the page cache through the mapping
+ * (32 MiB each), and keeps the faster for them and every later AUTO tensor: where fresh memory
+ * faults in slowly (some VMs), the mapping is several times faster. The environment variable
+ * FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe measures at any size. */
+typedef struct ferry_cold_load {
+    int decided;         /* 0: not yet (default: private copies) */
+    int map;             /* 1: through the mapping; 0: private copies */
+    int forced;          /* decided by FERRY_AUTO_COLD, not measured */
+    double map_gbps;     /* measured (0 when not): populating uncached bytes of the mapping */
+    double private_gbps; /* measured: the slower of faulting in fresh memory and reading into it
+                            with O_DIRECT */
+} ferry_cold_load;
+
+/* F's decision into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */
+FERRY_API int ferry_get_cold_load(ferry *f, ferry_cold_load *out);
+
 /* Adds a device by spec: "cpu", "sim:8GiB", "sim:8GiB@25GB/s" (options after ',': "fail_alloc=N",
  * "fail_copy=N", "max_alloc=SIZE"), "cuda:0". *ID (may be NULL) receives its id.
  * "fault:SPEC,fail_alloc=N,fail_copy=M" wraps the device of SPEC and fails its N-th allocation

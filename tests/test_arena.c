@@ -1705,6 +1705,71 @@ static void test_huge_pages_dear(void)
     rmdir(root);
 }
 
+/* ---- AUTO's way for uncached bytes: FERRY_AUTO_COLD, or measured by the probe ------------- */
+
+/* A cold group load with FERRY_AUTO_COLD=ENV (read by ferry_create): WANT_MAP 1 or 0 as ENV
+ * forces, -1 as the probe measured (the faster of the two it reports). Either way the bytes are the file's, and the
+ * tensors are in the mapping exactly when the choice is the mapping. */
+static void cold_case(const char *env, int want_map)
+{
+    setenv("FERRY_AUTO_COLD", env, 1);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
+    ferry *f = ferry_create(NULL);
+    size_t n = 0;
+    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
+    CHECK(ts != NULL && n == g_n);
+    double *frac = calloc(g_n, sizeof *frac), hi = 1.0;
+    if (ts && frac && drop_cache(g_path) == 0 && cached_fractions(g_path, ts, n, frac) == 0) {
+        hi = 0;
+        for (size_t i = 0; i < n; i++)
+            hi = frac[i] > hi ? frac[i] : hi;
+    }
+    ferry_cold_load c;
+    CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
+    CHECK_EQ_INT(c.decided, want_map >= 0); /* forced from the start, else at the load */
+    CHECK_EQ_INT(c.forced, want_map >= 0);
+    CHECK_EQ_INT(ferry_get_cold_load(NULL, &c), FERRY_EINVAL);
+    CHECK_EQ_INT(ferry_get_cold_load(f, NULL), FERRY_EINVAL);
+    if (!ts || hi > 0.05) {
+        printf("test_cold_choice (%s) skipped: after POSIX_FADV_DONTNEED the kernel still caches "
+               "%.0f%% of a tensor's pages\n", env, hi * 100);
+    } else {
+        CHECK_EQ_INT(ferry_load_group(f, "all"), 0);
+        CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
+        CHECK_EQ_INT(c.decided, 1);
+        if (want_map >= 0) {
+            CHECK_EQ_INT(c.forced, 1);
+            CHECK_EQ_INT(c.map, want_map);
+        } else {
+            CHECK_EQ_INT(c.forced, 0);
+            CHECK(c.map_gbps > 0 && c.private_gbps > 0);
+            CHECK_EQ_INT(c.map, c.map_gbps > c.private_gbps);
+            printf("test_cold_choice: probe: mapping %.2f GB/s, private copies %.2f GB/s\n",
+                   c.map_gbps, c.private_gbps);
+        }
+        CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
+        CHECK_EQ_INT(count_same(f, ts, n), n);
+        size_t in_map = 0;
+        for (size_t i = 0; i < n; i++)
+            in_map += (size_t)in_file_map(ts[i], ferry_tensor_data(ts[i]));
+        CHECK_EQ_INT(in_map, c.map ? n : 0);
+        CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+        ferry_stats st = stats_of(f);
+        CHECK_EQ_INT(st.resident_bytes[0], c.map ? 0 : st.home_host_bytes);
+    }
+    free(frac);
+    free(ts);
+    ferry_destroy(f);
+    unsetenv("FERRY_AUTO_COLD");
+}
+
+static void test_cold_choice(void)
+{
+    cold_case("map", 1);
+    cold_case("private", 0);
+    cold_case("probe", -1);
+}
+
 int main(int argc, char **argv)
 {
     reserved_init();
@@ -1741,7 +1806,8 @@ int main(int argc, char **argv)
                  {"budget_holes_resident", test_budget_holes_resident},
                  {"one_shot_then_loop", test_one_shot_then_loop},
                  {"adapter_during_arena_read", test_adapter_during_arena_read},
-                 {"huge_pages_dear", test_huge_pages_dear}};
+                 {"huge_pages_dear", test_huge_pages_dear},
+                 {"cold_choice", test_cold_choice}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]))
             tests[i].fn();

@@ -370,12 +370,27 @@ struct ferry {
         ferry_progress_fn fn;
         void *ud;
     } progress;
+    struct {                  /* coldload.c's: how load AUTO reads what the page cache lacks */
+        int decided, map, forced;
+        double map_gbps, private_gbps;
+    } cold;
     ferry_stats stats;        /* counters (prepare.c, memory.c); resident/peak filled from devs
                                  on read */
     /* Counters updated without the lock (atomics) by jobs.c, prepare.c and tensor.c, merged into
      * stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
 };
+
+/* coldload.c */
+/* FERRY_AUTO_COLD=map|private, read when F is created: decided for the manager's life. */
+void ferry__cold_init(ferry *f);
+/* Decides, once per manager, how load AUTO brings in the bytes the page cache does not hold, from
+ * the tensors SET[0..N) of a group load bound to AUTO private copies: when they make at least
+ * FERRY__COLD_PROBE_MIN bytes (or FERRY_AUTO_COLD=probe), a probe measures both ways on their
+ * file. When the mapping wins, those tensors are switched to it (and bind maps every uncached
+ * AUTO tensor from then on). Lock held. */
+#define FERRY__COLD_PROBE_MIN (UINT64_C(512) << 20)
+void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n);
 
 /* 1 when T's staged bytes differ from the file's (converted or merged). */
 static inline int ferry__transformed(const ferry_tensor *t)

@@ -122,6 +122,7 @@ ferry *ferry_create(const ferry_options *opt)
         goto fail;
     ferry__pf_follow_init(&f->prefetch.follow);
     f->io = ferry__io_create(f->opt.io_threads);
+    ferry__cold_init(f);
     if (!f->io)
         goto fail;
     if (!f->opt.io_request_bytes) {
@@ -147,6 +148,18 @@ int ferry_get_io_settings(const ferry *f, ferry_io_settings *out)
     out->io_threads = ferry__io_threads(f->io);
     out->request_bytes = ferry__io_chunk(f->io);
     out->backend = ferry__io_backend(f->io);
+    return 0;
+}
+
+int ferry_get_cold_load(ferry *f, ferry_cold_load *out)
+{
+    if (!f || !out)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&f->lock);
+    *out = (ferry_cold_load){.decided = f->cold.decided, .map = f->cold.decided && f->cold.map,
+                             .forced = f->cold.forced, .map_gbps = f->cold.map_gbps,
+                             .private_gbps = f->cold.private_gbps};
+    pthread_mutex_unlock(&f->lock);
     return 0;
 }
 

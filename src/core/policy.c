@@ -101,17 +101,18 @@ int ferry__decide(ferry *f, ferry_tensor *t, ferry__err *e)
         t->zero_copy = 0;
     /* decided before the cache is looked at, so that ferry_tensor_writable never depends on it */
     t->map_eligible = t->lazy || (t->zero_copy && !staged);
-    /* AUTO maps what the page cache holds and reads the rest into private memory with O_DIRECT:
-     * filling the cache through the mapping runs at readahead's pace (1.1-1.35 GB/s on a virtio
-     * disk that reads 1.6 GB/s with O_DIRECT), a direct read into a group load's arena at the
-     * disk's (bench/README.md) */
+    /* AUTO maps what the page cache holds and reads the rest into private memory with O_DIRECT
+     * (filling the cache through the mapping ran at readahead's pace, 1.1-1.35 GB/s on a virtio
+     * disk that reads 1.6 GB/s with O_DIRECT, a direct read into a group load's arena at the
+     * disk's), unless the manager measured the mapping faster on this machine (coldload.c) */
     t->auto_private = 0;
     if (t->zero_copy && p->load == FERRY_LOAD_AUTO && t->info.nbytes) {
         if (t->comp.state != FERRY__EMPTY || t->host.state != FERRY__EMPTY)
             t->zero_copy = t->comp.mapped || t->host.mapped; /* decided when it was loaded */
         else
-            t->zero_copy = ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >=
-                           FERRY__AUTO_MAP_CACHED;
+            t->zero_copy = (f->cold.decided && f->cold.map) ||
+                           ferry__iofile_cached(t->file, t->info.offset, t->info.nbytes) >=
+                               FERRY__AUTO_MAP_CACHED;
         /* a private copy the host budget has no room for falls back to the mapping (enqueue) */
         t->auto_private = !t->zero_copy;
     }

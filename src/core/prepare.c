@@ -823,6 +823,8 @@ int ferry_load_group(ferry *f, const char *group)
     }
     if (!rc && !found)
         rc = ferry__fail(e, FERRY_ENOENT, "no group '%s'", group);
+    if (!rc)
+        ferry__cold_decide(f, set, n);
     ferry_tensor **u = NULL;
     size_t nu = 0;
     if (!rc)

@@ -34,49 +34,50 @@ static void sync_done(void *ud, int status)
     pthread_mutex_unlock(&w->m);
 }
 
-/* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST. Large reads go to the
- * I/O pool so that several workers read chunks of it in parallel. COUNT: the bytes count as read
- * from the file (not when they stand for a copy of the mapped home copy). */
+/* Reads [ABS, ABS+LEN) of FILE into DST, reads of FERRY__PARALLEL_READ and more through the I/O
+ * pool, whose workers read chunks of it in parallel; E's message, when it fails, names no tensor. */
+int ferry__read_at(ferry__io *io, const ferry__iofile *file, uint64_t abs, uint64_t len, void *dst,
+                   ferry_load mode, ferry__err *e)
+{
+    if (len < FERRY__PARALLEL_READ)
+        return ferry__io_read(file, abs, len, dst, mode, e);
+    sync_wait w = {.done = 0, .status = 0};
+    pthread_mutex_init(&w.m, NULL);
+    pthread_cond_init(&w.c, NULL);
+    ferry__ioreq req = {.file = file, .offset = abs, .len = len, .dst = dst,
+                        .mode = mode, .done = sync_done, .ud = &w};
+    int rc = ferry__io_submit(io, &req);
+    if (!rc) {
+        pthread_mutex_lock(&w.m);
+        while (!w.done)
+            pthread_cond_wait(&w.c, &w.m);
+        pthread_mutex_unlock(&w.m);
+        rc = w.status;
+        if (rc)
+            ferry__fail(e, rc, "%s", req.errmsg[0] ? req.errmsg : ferry_strerror(rc));
+    } else {
+        ferry__fail(e, rc, "%s", req.errmsg[0] ? req.errmsg : "cannot queue the read");
+    }
+    pthread_cond_destroy(&w.c);
+    pthread_mutex_destroy(&w.m);
+    return rc;
+}
+
+/* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST (ferry__read_at). COUNT:
+ * the bytes count as read from the file (not when they stand for a copy of the mapped home copy). */
 int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t off,
                     uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e)
 {
-    uint64_t abs = t->info.offset + off;
-    int rc;
     double t0 = env->trace ? ferry__now() : 0;
-    if (len < FERRY__PARALLEL_READ) {
-        rc = ferry__io_read(t->file, abs, len, dst, mode, e);
-        if (rc)
-            ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
-    } else {
-        sync_wait w = {.done = 0, .status = 0};
-        pthread_mutex_init(&w.m, NULL);
-        pthread_cond_init(&w.c, NULL);
-        ferry__ioreq req = {.file = t->file, .offset = abs, .len = len, .dst = dst,
-                            .mode = mode, .done = sync_done, .ud = &w};
-        rc = ferry__io_submit(env->io, &req);
-        if (!rc) {
-            pthread_mutex_lock(&w.m);
-            while (!w.done)
-                pthread_cond_wait(&w.c, &w.m);
-            pthread_mutex_unlock(&w.m);
-            rc = w.status;
-            if (rc)
-                ferry__fail(e, rc, "tensor '%s': %s", t->info.name,
-                            req.errmsg[0] ? req.errmsg : ferry_strerror(rc));
-        } else {
-            ferry__fail(e, rc, "tensor '%s': %s", t->info.name,
-                        req.errmsg[0] ? req.errmsg : "cannot queue the read");
-        }
-        pthread_cond_destroy(&w.c);
-        pthread_mutex_destroy(&w.m);
-    }
+    int rc = ferry__read_at(env->io, t->file, t->info.offset + off, len, dst, mode, e);
+    if (rc)
+        ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
     if (!rc && count)
         ferry__add_stat(env->bytes_read, len);
     if (t0)
         env->trace(env->trace_ud, "io", t0, ferry__now(), "read %s", t->info.name);
     return rc;
 }
-
 
 /* ---- the transfer pipeline -------------------------------------------------------------------- */
 

@@ -579,6 +579,8 @@ static int run_load(benchlab *b, ferry_load mode, int cold, int m, int compute)
         rc = cli_error("%s", ferry_errmsg(f));
         goto out;
     }
+    if (m == BENCHLAB_COLD_AUTO)
+        ferry_get_cold_load(f, &b->cold);
     if ((rc = build_sets(f, &sets, &nsets)))
         goto out;
     ferry_tensor **all = nsets ? sets[0].t : NULL;

@@ -137,6 +137,7 @@ typedef struct benchlab {
     double direct_best;
     double worst_cached;       /* highest fraction still cached before a cold run */
     int auto_copies;           /* a warm AUTO load made a copy of some tensor (not zero-copy) */
+    ferry_cold_load cold;      /* the last cold AUTO load's choice (ferry_get_cold_load) */
     benchlab_stream streams[5];
     size_t n_streams;
     benchlab_io_point io_points[BENCHLAB_MAX_IO_POINTS];

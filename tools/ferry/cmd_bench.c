@@ -323,6 +323,13 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     if (!b->streams_only) {
         above |= print_row("cold, auto (ferry's choice)", v[BENCHLAB_COLD_AUTO],
                            "min(O_DIRECT, fresh memory)", cold_lim);
+        if (b->cold.decided)
+            printf("    auto read uncached bytes %s (%s: populating the mapping %.2f GB/s, "
+                   "private copies %.2f); %.2f of mmap + populate\n",
+                   b->cold.map ? "through the mapping" : "into private copies",
+                   b->cold.forced ? "FERRY_AUTO_COLD" : "measured", b->cold.map_gbps,
+                   b->cold.private_gbps,
+                   ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_MMAP_POPULATE]));
         above |= print_row("cold, direct (private copy)", v[BENCHLAB_COLD_DIRECT],
                            "min(O_DIRECT, fresh memory)", cold_lim);
         above |= print_row("cold, mmap page faults", v[BENCHLAB_MMAP_FAULT], "min(O_DIRECT, fresh memory)",
@@ -570,6 +577,11 @@ static void report_json(benchlab *b)
     NUM("resident_compute_ratio", ratio(cgb, v[BENCHLAB_READ]));
     NUM("cold_load_gbps", v[BENCHLAB_COLD_AUTO]);
     NUM("cold_load_direct_gbps", v[BENCHLAB_COLD_DIRECT]);
+    NUM("cold_load_vs_populate", ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_MMAP_POPULATE]));
+    cli_json_key(&j, "cold_auto_choice");
+    cli_json_string(&j, !b->cold.decided ? "undecided" : b->cold.map ? "map" : "private");
+    NUM("cold_probe_map_gbps", b->cold.map_gbps);
+    NUM("cold_probe_private_gbps", b->cold.private_gbps);
     NUM("warm_load_gbps", v[BENCHLAB_WARM_READ]);
     NUM("warm_auto_seconds", v[BENCHLAB_WARM_AUTO]);
     cli_json_key(&j, "warm_auto_zero_copy");

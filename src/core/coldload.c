@@ -1,0 +1,147 @@
+/*
+ * coldload.c — how load AUTO reads the bytes the page cache does not hold: into private copies
+ * with O_DIRECT (group loads lay them in a huge-page arena), or through the file's mapping, the
+ * page cache filled by MADV_POPULATE_READ. Which is faster depends on the machine: where fresh
+ * anonymous memory faults in slowly (a VM whose host backs guest memory on first touch: 0.6-0.7
+ * GB/s here on some days against a disk that reads 5-12 GB/s), the page cache fills 3 times
+ * faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's readahead
+ * (bench/README.md). So a manager's first group load of enough uncached AUTO bytes measures
+ * both on the file it loads, and keeps the faster:
+ *   map:     MADV_POPULATE_READ of LEN uncached bytes through the mapping;
+ *   private: LEN bytes of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
+ *            the arena does) and LEN other uncached bytes read into it with O_DIRECT through the
+ *            I/O pool; the arena overlaps the two, so its rate is the slower one's.
+ * The probe reads 2 LEN bytes (LEN up to 32 MiB): the mapped half stays cached and is mapped by
+ * either choice; the other half is read again by the load when private copies win.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core/core.h"
+#include "core/load.h"
+#include "devices/devices.h"
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define PROBE_MAX (UINT64_C(32) << 20)
+#define PROBE_MIN (UINT64_C(1) << 20)
+#define PROBE_PAGE UINT64_C(4096)
+#define PROBE_COLD 0.1 /* a probe range must be at most this fraction cached */
+
+/* Faults in LEN fresh bytes and reads [OFF, OFF+LEN) of FILE into them with O_DIRECT: the rate
+ * of the slower step, GB/s; 0 when it could not run. */
+static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len)
+{
+    size_t maplen = (size_t)(len + FERRY__HUGE_PAGE);
+    void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 0;
+    unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
+                                           ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
+#endif
+    double t0 = ferry__now();
+    if (madvise(buf, (size_t)len, MADV_POPULATE_WRITE) != 0)
+        memset(buf, 0, (size_t)len);
+    double t1 = ferry__now();
+    ferry__err e[1];
+    ferry__err_clear(e);
+    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, e);
+    double t2 = ferry__now();
+    munmap(m, maplen);
+    double slow = t1 - t0 > t2 - t1 ? t1 - t0 : t2 - t1;
+    return rc || slow <= 0 ? 0 : (double)len / slow / 1e9;
+}
+
+/* MADV_POPULATE_READ of [OFF, OFF+LEN) of FILE's mapping: GB/s, 0 when it could not run. */
+static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len)
+{
+    double t0 = ferry__now();
+    if (madvise((void *)(file->map + off), (size_t)len, MADV_POPULATE_READ) != 0)
+        return 0;
+    double t = ferry__now() - t0;
+    return t > 0 ? (double)len / t / 1e9 : 0;
+}
+
+/* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE;
+ * 0 when there is no room for them or they are cached. */
+static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
+{
+    lo = (lo + PROBE_PAGE - 1) & ~(PROBE_PAGE - 1);
+    hi &= ~(PROBE_PAGE - 1);
+    if (!file->map || hi <= lo)
+        return 0;
+    uint64_t len = (hi - lo) / 2 & ~(PROBE_PAGE - 1);
+    len = len > PROBE_MAX ? PROBE_MAX : len;
+    if (len < PROBE_MIN)
+        return 0;
+    uint64_t mid = (lo + (hi - lo) / 2) & ~(PROBE_PAGE - 1);
+    uint64_t a = mid - len, b = mid;
+    if (ferry__iofile_cached(file, a, len) > PROBE_COLD ||
+        ferry__iofile_cached(file, b, len) > PROBE_COLD)
+        return 0;
+    double pm = probe_map(file, a, len), pp = probe_private(f, file, b, len);
+    if (pm <= 0 || pp <= 0)
+        return 0;
+    f->cold.map_gbps = pm;
+    f->cold.private_gbps = pp;
+    f->cold.map = pm > pp;
+    return 1;
+}
+
+void ferry__cold_init(ferry *f)
+{
+    const char *env = getenv("FERRY_AUTO_COLD");
+    if (env && (!strcmp(env, "map") || !strcmp(env, "private"))) {
+        f->cold.map = !strcmp(env, "map");
+        f->cold.forced = 1;
+        f->cold.decided = 1;
+    }
+}
+
+void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n)
+{
+    if (f->cold.decided)
+        return;
+    /* the bytes bound to private copies because they are not cached, and the file holding the
+     * largest of them, with the span of that file's */
+    uint64_t bytes = 0, big = 0, lo = UINT64_MAX, hi = 0;
+    const ferry__iofile *file = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_tensor *t = set[i];
+        if (!t->auto_private)
+            continue;
+        bytes += t->info.nbytes;
+        if (t->info.nbytes > big) {
+            big = t->info.nbytes;
+            file = t->file;
+        }
+    }
+    if (!bytes)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_tensor *t = set[i];
+        if (t->auto_private && t->file == file) {
+            lo = t->info.offset < lo ? t->info.offset : lo;
+            hi = t->info.offset + t->info.nbytes > hi ? t->info.offset + t->info.nbytes : hi;
+        }
+    }
+    const char *env = getenv("FERRY_AUTO_COLD");
+    if (bytes >= FERRY__COLD_PROBE_MIN || (env && !strcmp(env, "probe")))
+        f->cold.decided = probe(f, file, lo, hi);
+    if (!f->cold.decided || !f->cold.map)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (set[i]->auto_private) {
+            set[i]->auto_private = 0;
+            set[i]->zero_copy = 1;
+        }
+}
