@@ -7,14 +7,16 @@
  * faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's readahead
  * (bench/README.md). So a manager's first group load of enough uncached AUTO bytes measures
  * both on the file it loads, and keeps the faster:
- *   map:     MADV_POPULATE_READ of LEN uncached bytes through the mapping;
+ *   map:     MADV_POPULATE_READ of LEN uncached bytes through the mapping, in as many shares at
+ *            once as there are loaders (up to 4), as they populate tensors side by side;
  *   private: LEN bytes of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
  *            the arena does) and LEN other uncached bytes read into it with O_DIRECT through the
  *            I/O pool; the arena overlaps the two, so its rate is the slower one's.
- * The probe reads 2 LEN bytes (LEN up to 32 MiB): the mapped half stays cached and is mapped by
+ * The probe reads 2 LEN bytes (LEN up to 64 MiB): the mapped half stays cached and is mapped by
  * either choice; the other half is read again by the load when private copies win.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -30,7 +32,8 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-#define PROBE_MAX (UINT64_C(32) << 20)
+#define PROBE_MAX (UINT64_C(64) << 20) /* bytes of each way */
+#define PROBE_PARTS 4
 #define PROBE_MIN (UINT64_C(1) << 20)
 #define PROBE_PAGE UINT64_C(4096)
 #define PROBE_COLD 0.1 /* a probe range must be at most this fraction cached */
@@ -61,14 +64,43 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     return rc || slow <= 0 ? 0 : (double)len / slow / 1e9;
 }
 
-/* MADV_POPULATE_READ of [OFF, OFF+LEN) of FILE's mapping: GB/s, 0 when it could not run. */
-static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len)
+typedef struct map_part {
+    pthread_t th;
+    void *p;
+    size_t len;
+    int started, failed;
+} map_part;
+
+static void *populate_part(void *arg)
 {
+    map_part *m = arg;
+    m->failed = madvise(m->p, m->len, MADV_POPULATE_READ) != 0;
+    return NULL;
+}
+
+/* MADV_POPULATE_READ of [OFF, OFF+LEN) of FILE's mapping in PARTS page-aligned shares at once, as
+ * that many loaders populate tensors side by side: GB/s, 0 when it could not run. */
+static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, unsigned parts)
+{
+    map_part m[PROBE_PARTS];
+    parts = parts < 1 ? 1 : parts > PROBE_PARTS ? PROBE_PARTS : parts;
+    uint64_t share = len / parts & ~(PROBE_PAGE - 1);
     double t0 = ferry__now();
-    if (madvise((void *)(file->map + off), (size_t)len, MADV_POPULATE_READ) != 0)
-        return 0;
+    for (unsigned i = 0; i < parts; i++) {
+        uint64_t o = off + share * i, n = i + 1 < parts ? share : len - share * i;
+        m[i] = (map_part){.p = (void *)(file->map + o), .len = (size_t)n};
+        m[i].started = i > 0 && pthread_create(&m[i].th, NULL, populate_part, &m[i]) == 0;
+    }
+    int failed = 0;
+    for (unsigned i = 0; i < parts; i++) {
+        if (m[i].started)
+            pthread_join(m[i].th, NULL);
+        else
+            populate_part(&m[i]); /* the first share here, and any a thread was refused for */
+        failed |= m[i].failed;
+    }
     double t = ferry__now() - t0;
-    return t > 0 ? (double)len / t / 1e9 : 0;
+    return !failed && t > 0 ? (double)len / t / 1e9 : 0;
 }
 
 /* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE;
@@ -88,7 +120,8 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
     if (ferry__iofile_cached(file, a, len) > PROBE_COLD ||
         ferry__iofile_cached(file, b, len) > PROBE_COLD)
         return 0;
-    double pm = probe_map(file, a, len), pp = probe_private(f, file, b, len);
+    unsigned parts = f->jobs.n_loaders < PROBE_PARTS ? f->jobs.n_loaders : PROBE_PARTS;
+    double pm = probe_map(file, a, len, parts), pp = probe_private(f, file, b, len);
     if (pm <= 0 || pp <= 0)
         return 0;
     f->cold.map_gbps = pm;
