@@ -7,13 +7,14 @@
  * faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's readahead
  * (bench/README.md). So a manager's first group load of enough uncached AUTO bytes measures
  * both on the file it loads, and keeps the faster:
- *   map:     MADV_POPULATE_READ of LEN uncached bytes through the mapping, in as many shares at
- *            once as there are loaders (up to 4), as they populate tensors side by side;
- *   private: LEN bytes of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
- *            the arena does) and LEN other uncached bytes read into it with O_DIRECT through the
- *            I/O pool; the arena overlaps the two, so its rate is the slower one's.
- * The probe reads 2 LEN bytes (LEN up to 64 MiB): the mapped half stays cached and is mapped by
- * either choice; the other half is read again by the load when private copies win.
+ *   map:     MADV_POPULATE_READ of up to 64 MiB of uncached bytes through the mapping, in as
+ *            many shares at once as there are loaders (up to 4), as they populate tensors side
+ *            by side;
+ *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised,
+ *            as the arena does) and as many other uncached bytes read into it with O_DIRECT
+ *            through the I/O pool; the arena overlaps the two, so its rate is the slower one's.
+ * The mapped bytes stay cached and serve the load either way (mapped, or copied from the cache);
+ * the private ones cost their time and are read again by the load when private copies win.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -32,7 +33,8 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-#define PROBE_MAX (UINT64_C(64) << 20) /* bytes of each way */
+#define PROBE_MAP_MAX (UINT64_C(64) << 20)     /* bytes populated (used by the load either way) */
+#define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes faulted in and read (lost if the map wins) */
 #define PROBE_PARTS 4
 #define PROBE_MIN (UINT64_C(1) << 20)
 #define PROBE_PAGE UINT64_C(4096)
@@ -112,16 +114,17 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
     if (!file->map || hi <= lo)
         return 0;
     uint64_t len = (hi - lo) / 2 & ~(PROBE_PAGE - 1);
-    len = len > PROBE_MAX ? PROBE_MAX : len;
+    uint64_t lm = len > PROBE_MAP_MAX ? PROBE_MAP_MAX : len;
+    uint64_t lp = len > PROBE_PRIVATE_MAX ? PROBE_PRIVATE_MAX : len;
     if (len < PROBE_MIN)
         return 0;
     uint64_t mid = (lo + (hi - lo) / 2) & ~(PROBE_PAGE - 1);
-    uint64_t a = mid - len, b = mid;
-    if (ferry__iofile_cached(file, a, len) > PROBE_COLD ||
-        ferry__iofile_cached(file, b, len) > PROBE_COLD)
+    uint64_t a = mid - lm, b = mid;
+    if (ferry__iofile_cached(file, a, lm) > PROBE_COLD ||
+        ferry__iofile_cached(file, b, lp) > PROBE_COLD)
         return 0;
     unsigned parts = f->jobs.n_loaders < PROBE_PARTS ? f->jobs.n_loaders : PROBE_PARTS;
-    double pm = probe_map(file, a, len, parts), pp = probe_private(f, file, b, len);
+    double pm = probe_map(file, a, lm, parts), pp = probe_private(f, file, b, lp);
     if (pm <= 0 || pp <= 0)
         return 0;
     f->cold.map_gbps = pm;
