@@ -583,8 +583,45 @@ static void registered_capped(void)
     check_clean("registered within the host budget");
 }
 
+/* A copy out of a registered home copy that fails (the COPY_NTH-th after the first pass, as
+ * MODE) fails its prepare with the device named, leaves the manager streaming right, and nothing
+ * registered after ferry_destroy. */
+static void registered_fault(uint64_t copy_nth, int mode)
+{
+    ferry_options o = {.no_schedule = 1};
+    ferry *f = ferry_create(&o);
+    int dev = -1;
+    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
+    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0);
+    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP, .compute_device = dev};
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    layers L;
+    layers_of(f, &L);
+    CHECK_EQ_INT(pass_layers(f, &L), 0);
+    CHECK(stats(-1).live_registered >= 8);
+    /* blk.0's weights were evicted for blk.1's: staged again, from the registered mapping */
+    ferry_tensor *t = ferry_find(f, "blk.0.ffn_up.weight");
+    CHECK(t != NULL);
+    fc_faults(0, copy_nth, mode, 0);
+    int rc = ferry_prepare(f, &t, 1);
+    fc_faults(0, 0, 0, 0);
+    CHECK_EQ_INT(rc, FERRY_EDEVICE);
+    if (!strstr(ferry_errmsg(f), "cuda:0") || !strstr(ferry_errmsg(f), "blk.0.ffn_up.weight"))
+        fprintf(stderr, "registered fault: '%s'\n", ferry_errmsg(f));
+    CHECK(strstr(ferry_errmsg(f), "cuda:0") != NULL);
+    CHECK(strstr(ferry_errmsg(f), "blk.0.ffn_up.weight") != NULL);
+    CHECK_EQ_INT(pass_layers(f, &L), 0);
+    free(L.t);
+    ferry_destroy(f);
+    check_clean("registered copy failed");
+}
+
 static void manager_registered(void)
 {
+    registered_fault(1, FAKECUDA_FAIL_ASYNC); /* the registered part's copy */
+    registered_fault(1, FAKECUDA_FAIL_SYNC);
+    registered_fault(2, FAKECUDA_FAIL_ASYNC); /* the head's, with the registered part in flight */
     registered_capped();
     registered_case(FERRY_LOAD_READ, 0);
     registered_case(FERRY_LOAD_MMAP, 0);
