@@ -1763,11 +1763,53 @@ static void cold_case(const char *env, int want_map)
     unsetenv("FERRY_AUTO_COLD");
 }
 
+/* The same decided by a prepare (FERRY_AUTO_COLD=probe): the first tensor's prepare probes, and
+ * every tensor not loaded yet, the prefetch's included, follows the choice. */
+static void cold_case_prepare(void)
+{
+    setenv("FERRY_AUTO_COLD", "probe", 1);
+    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
+    ferry *f = ferry_create(NULL);
+    size_t n = 0;
+    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
+    CHECK(ts != NULL && n == g_n);
+    double *frac = calloc(g_n, sizeof *frac), hi = 1.0;
+    if (ts && frac && drop_cache(g_path) == 0 && cached_fractions(g_path, ts, n, frac) == 0) {
+        hi = 0;
+        for (size_t i = 0; i < n; i++)
+            hi = frac[i] > hi ? frac[i] : hi;
+    }
+    if (!ts || hi > 0.05) {
+        printf("test_cold_choice (prepare) skipped: the kernel still caches %.0f%% of a "
+               "tensor's pages\n", hi * 100);
+    } else {
+        CHECK_EQ_INT(ferry_prepare(f, ts, 1), 0);
+        ferry_cold_load c;
+        CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
+        CHECK_EQ_INT(c.decided, 1);
+        CHECK_EQ_INT(c.map, c.map_gbps > c.private_gbps);
+        CHECK_EQ_INT(in_file_map(ts[0], ferry_tensor_data(ts[0])), c.map);
+        CHECK_EQ_INT(ferry_prepare(f, ts + 1, n - 1), 0);
+        CHECK_EQ_INT(count_same(f, ts, n), n);
+        size_t in_map = 0;
+        for (size_t i = 1; i < n; i++)
+            in_map += (size_t)in_file_map(ts[i], ferry_tensor_data(ts[i]));
+        if (c.map)
+            CHECK_EQ_INT(in_map, n - 1);
+        CHECK_EQ_INT(ferry_release(f, ts, n), 0);
+    }
+    free(frac);
+    free(ts);
+    ferry_destroy(f);
+    unsetenv("FERRY_AUTO_COLD");
+}
+
 static void test_cold_choice(void)
 {
     cold_case("map", 1);
     cold_case("private", 0);
     cold_case("probe", -1);
+    cold_case_prepare();
 }
 
 int main(int argc, char **argv)

@@ -163,21 +163,32 @@ void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n)
     }
     if (!bytes)
         return;
+    /* from the set's first uncached tensor in that file to the file's end: the middle of what a
+     * load of the whole model reads, away from what a first layer's prefetch touches */
     for (size_t i = 0; i < n; i++) {
         const ferry_tensor *t = set[i];
-        if (t->auto_private && t->file == file) {
+        if (t->auto_private && t->file == file)
             lo = t->info.offset < lo ? t->info.offset : lo;
-            hi = t->info.offset + t->info.nbytes > hi ? t->info.offset + t->info.nbytes : hi;
-        }
     }
+    hi = file->size;
     const char *env = getenv("FERRY_AUTO_COLD");
-    if (bytes >= FERRY__COLD_PROBE_MIN || (env && !strcmp(env, "probe")))
+    if (bytes >= FERRY__COLD_PROBE_MIN || file->size >= FERRY__COLD_PROBE_MIN ||
+        (env && !strcmp(env, "probe")))
         f->cold.decided = probe(f, file, lo, hi);
     if (!f->cold.decided || !f->cold.map)
         return;
+    /* the set, and every tensor bound to a private copy not begun (a prefetch may have bound
+     * some ahead of the set) */
     for (size_t i = 0; i < n; i++)
         if (set[i]->auto_private) {
             set[i]->auto_private = 0;
             set[i]->zero_copy = 1;
         }
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        ferry_tensor *t = f->tensors[i];
+        if (t->auto_private && t->comp.state == FERRY__EMPTY && t->host.state == FERRY__EMPTY) {
+            t->auto_private = 0;
+            t->zero_copy = 1;
+        }
+    }
 }

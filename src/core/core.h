@@ -385,10 +385,11 @@ struct ferry {
 /* FERRY_AUTO_COLD=map|private, read when F is created: decided for the manager's life. */
 void ferry__cold_init(ferry *f);
 /* Decides, once per manager, how load AUTO brings in the bytes the page cache does not hold, from
- * the tensors SET[0..N) of a group load bound to AUTO private copies: when they make at least
- * FERRY__COLD_PROBE_MIN bytes (or FERRY_AUTO_COLD=probe), a probe measures both ways on their
- * file. When the mapping wins, those tensors are switched to it (and bind maps every uncached
- * AUTO tensor from then on). Lock held. */
+ * the tensors SET[0..N) of a group load or a prepare bound to AUTO private copies: when they, or
+ * the file holding the largest of them, make at least FERRY__COLD_PROBE_MIN bytes (or
+ * FERRY_AUTO_COLD=probe), a probe measures both ways on that file. When the mapping wins, those
+ * tensors are switched to it (and bind maps every uncached AUTO tensor from then on). Lock
+ * held. */
 #define FERRY__COLD_PROBE_MIN (UINT64_C(512) << 20)
 void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n);
 

@@ -566,6 +566,8 @@ int ferry__prepare_begin(ferry *f, ferry_tensor *const *ts, size_t n, ferry_tens
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
         rc = ferry__usable(f, ts[i], e);
+    if (!rc)
+        ferry__cold_decide(f, ts, n);
     ferry_tensor **u = NULL;
     size_t nu = 0;
     if (!rc)
