@@ -1707,23 +1707,35 @@ static void test_huge_pages_dear(void)
 
 /* ---- AUTO's way for uncached bytes: FERRY_AUTO_COLD, or measured by the probe ------------- */
 
-/* A cold group load with FERRY_AUTO_COLD=ENV (read by ferry_create): WANT_MAP 1 or 0 as ENV
- * forces, -1 as the probe measured (the faster of the two it reports). Either way the bytes are the file's, and the
- * tensors are in the mapping exactly when the choice is the mapping. */
-static void cold_case(const char *env, int want_map)
+/* With FERRY_AUTO_COLD=ENV (read by ferry_create), a manager with every tensor of g_path in one
+ * AUTO home-host group (*TS, *N), the file then dropped from the page cache: returns the largest
+ * fraction of a tensor still cached (1 when it could not tell). */
+static double open_cold(const char *env, ferry **f, ferry_tensor ***ts, size_t *n)
 {
     setenv("FERRY_AUTO_COLD", env, 1);
     ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
-    ferry *f = ferry_create(NULL);
-    size_t n = 0;
-    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
-    CHECK(ts != NULL && n == g_n);
+    *f = ferry_create(NULL);
+    *ts = fixture_open_all(*f, g_path, &p, n);
+    CHECK(*ts != NULL && *n == g_n);
     double *frac = calloc(g_n, sizeof *frac), hi = 1.0;
-    if (ts && frac && drop_cache(g_path) == 0 && cached_fractions(g_path, ts, n, frac) == 0) {
+    if (*ts && frac && drop_cache(g_path) == 0 && cached_fractions(g_path, *ts, *n, frac) == 0) {
         hi = 0;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < *n; i++)
             hi = frac[i] > hi ? frac[i] : hi;
     }
+    free(frac);
+    return hi;
+}
+
+/* A cold group load with FERRY_AUTO_COLD=ENV: WANT_MAP 1 or 0 as ENV forces, -1 as the probe
+ * measured (the faster of the two it reports). Either way the bytes are the file's, and the
+ * tensors are in the mapping exactly when the choice is the mapping. */
+static void cold_case(const char *env, int want_map)
+{
+    ferry *f;
+    ferry_tensor **ts;
+    size_t n = 0;
+    double hi = open_cold(env, &f, &ts, &n);
     ferry_cold_load c;
     CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
     CHECK_EQ_INT(c.decided, want_map >= 0); /* forced from the start, else at the load */
@@ -1757,7 +1769,6 @@ static void cold_case(const char *env, int want_map)
         ferry_stats st = stats_of(f);
         CHECK_EQ_INT(st.resident_bytes[0], c.map ? 0 : st.home_host_bytes);
     }
-    free(frac);
     free(ts);
     ferry_destroy(f);
     unsetenv("FERRY_AUTO_COLD");
@@ -1767,18 +1778,10 @@ static void cold_case(const char *env, int want_map)
  * every tensor not loaded yet, the prefetch's included, follows the choice. */
 static void cold_case_prepare(void)
 {
-    setenv("FERRY_AUTO_COLD", "probe", 1);
-    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO};
-    ferry *f = ferry_create(NULL);
+    ferry *f;
+    ferry_tensor **ts;
     size_t n = 0;
-    ferry_tensor **ts = fixture_open_all(f, g_path, &p, &n);
-    CHECK(ts != NULL && n == g_n);
-    double *frac = calloc(g_n, sizeof *frac), hi = 1.0;
-    if (ts && frac && drop_cache(g_path) == 0 && cached_fractions(g_path, ts, n, frac) == 0) {
-        hi = 0;
-        for (size_t i = 0; i < n; i++)
-            hi = frac[i] > hi ? frac[i] : hi;
-    }
+    double hi = open_cold("probe", &f, &ts, &n);
     if (!ts || hi > 0.05) {
         printf("test_cold_choice (prepare) skipped: the kernel still caches %.0f%% of a "
                "tensor's pages\n", hi * 100);
@@ -1798,7 +1801,6 @@ static void cold_case_prepare(void)
             CHECK_EQ_INT(in_map, n - 1);
         CHECK_EQ_INT(ferry_release(f, ts, n), 0);
     }
-    free(frac);
     free(ts);
     ferry_destroy(f);
     unsetenv("FERRY_AUTO_COLD");
