@@ -9,10 +9,13 @@
  * what `ferry bench` reports as read_bandwidth_gbps: a resident buffer as large as the matrix,
  * each thread summing its own share) and ferry_matvec_q over the matrix, its rows split in
  * contiguous shares over the threads, x prepared once with ferry_matvec_vec_quantize. Prints the
- * medians (GB/s of weights) and their ratio.
+ * medians (GB/s of weights) and their ratio. With --repeat K each thread multiplies its share K
+ * times a pass: a matrix that fits the caches (--mib 1) then measures the kernels' own speed,
+ * not the memory's.
  *
  *   build/bench/matvec_bench [--threads N (online CPUs)] [--mib M (512)] [--cols C (4096)]
- *                            [--runs R (5)] [TYPE ...]  (default: f32 f16 bf16 q8_0 q4_0 q4_K q6_K)
+ *                            [--runs R (5)] [--repeat K (1)] [TYPE ...]
+ *                            (default types: f32 f16 bf16 q8_0 q4_0 q4_K q6_K)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -33,23 +36,25 @@ typedef struct share {
     uint64_t rows, cols, row_bytes;
     const void *xq;
     float *y;
+    int repeat;
 } share;
 
 static void *run_share(void *arg)
 {
     share *s = arg;
-    ferry_matvec_q(s->t, s->w, s->rows, s->cols, s->xq, s->y);
+    for (int k = 0; k < s->repeat; k++)
+        ferry_matvec_q(s->t, s->w, s->rows, s->cols, s->xq, s->y);
     return NULL;
 }
 
 /* Seconds for one pass over ROWS rows at W on N threads. */
 static double pass(share *sh, unsigned n, ferry_dtype t, const uint8_t *w, uint64_t rows,
-                   uint64_t cols, uint64_t rb, const void *xq, float *y)
+                   uint64_t cols, uint64_t rb, const void *xq, float *y, int repeat)
 {
     pthread_t th[MAX_THREADS];
     for (unsigned i = 0; i < n; i++) {
         uint64_t r0 = rows * i / n, r1 = rows * (i + 1) / n;
-        sh[i] = (share){t, w + r0 * rb, r1 - r0, cols, rb, xq, y + r0};
+        sh[i] = (share){t, w + r0 * rb, r1 - r0, cols, rb, xq, y + r0, repeat};
     }
     double t0 = ferry_now();
     unsigned started = 1;
@@ -121,7 +126,7 @@ int main(int argc, char **argv)
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = nc > 0 ? (unsigned)nc : 1;
     uint64_t mib = 512, cols = 4096;
-    int runs = 5, first = argc;
+    int runs = 5, repeat = 1, first = argc;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && strcmp(argv[i], "--threads") == 0)
             threads = (unsigned)strtoul(argv[++i], NULL, 10);
@@ -131,22 +136,25 @@ int main(int argc, char **argv)
             cols = strtoull(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--runs") == 0)
             runs = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--repeat") == 0)
+            repeat = atoi(argv[++i]);
         else {
             first = i;
             break;
         }
     }
     if (threads < 1 || threads > MAX_THREADS || mib < 1 || cols < 256 || cols % 256 ||
-        runs < 1 || runs > 99) {
+        runs < 1 || runs > 99 || repeat < 1 || repeat > 100000) {
         fprintf(stderr, "matvec_bench: --threads 1..%d, --mib >= 1, --cols a multiple of 256, "
-                        "--runs 1..99\n", MAX_THREADS);
+                        "--runs 1..99, --repeat 1..100000\n", MAX_THREADS);
         return 2;
     }
     static const char *all[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"};
     const char **types = first < argc ? (const char **)argv + first : all;
     int n_types = first < argc ? argc - first : (int)(sizeof all / sizeof *all);
-    printf("%u threads, %llu MiB matrices of %llu columns, medians of %d alternating runs\n",
-           threads, (unsigned long long)mib, (unsigned long long)cols, runs);
+    printf("%u threads, %llu MiB matrices of %llu columns, each product %d time%s a pass, medians "
+           "of %d alternating runs\n", threads, (unsigned long long)mib, (unsigned long long)cols,
+           repeat, repeat == 1 ? "" : "s", runs);
     printf("%-6s %12s %12s %7s\n", "type", "read_GB/s", "matvec_GB/s", "ratio");
     float *x = malloc(cols * sizeof *x);
     if (!x)
@@ -185,10 +193,11 @@ int main(int argc, char **argv)
             rc = 1;
         } else {
             double rd[99], mv[99];
-            pass(sh, threads, t, w, rows, cols, rb, xq, y); /* warm: caches, first faults */
+            pass(sh, threads, t, w, rows, cols, rb, xq, y, 1); /* warm: caches, first faults */
             for (int r = 0; r < runs; r++) {
                 rd[r] = limits_read_bandwidth(bytes, threads);
-                mv[r] = (double)bytes / pass(sh, threads, t, w, rows, cols, rb, xq, y) / 1e9;
+                mv[r] = (double)bytes * repeat /
+                        pass(sh, threads, t, w, rows, cols, rb, xq, y, repeat) / 1e9;
             }
             double a = median(rd, runs), b = median(mv, runs);
             printf("%-6s %12.2f %12.2f %7.2f\n", types[k], a, b, a > 0 ? b / a : 0);
