@@ -408,34 +408,50 @@ static int pass_layers(ferry *f, layers *L)
     return bad;
 }
 
-typedef struct stream_case {
+/* A manager of a test on cuda:0: the model, every tensor's placement, the budgets. */
+typedef struct cuda_setup {
     const char *model;
     ferry_home home;
     ferry_load load;
-    uint64_t budget; /* device budget; 0: the default */
-    ferry_dtype convert;
-} stream_case;
+    uint64_t budget;      /* the device's; 0: the default (from cudaMemGetInfo) */
+    ferry_dtype convert;  /* staged as this type; 0: as stored */
+    uint64_t host_budget; /* 0: the default */
+    int no_schedule;      /* no prefetch, not even in file order before a schedule */
+} cuda_setup;
 
-static void stream_one(const stream_case *c)
+/* A manager set up as S with every tensor in one group, its device's index in *DEV and its
+ * layers in *L (the caller frees L->t). */
+static ferry *cuda_manager(const cuda_setup *s, int *dev, layers *L)
 {
-    ferry *f = ferry_create(NULL);
-    int dev = -1;
-    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
+    ferry_options o = {.no_schedule = s->no_schedule};
+    ferry *f = ferry_create(&o);
+    CHECK(f != NULL);
+    *dev = -1;
+    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", dev), 0);
+    if (s->budget)
+        CHECK_EQ_INT(ferry_set_budget(f, *dev, s->budget), 0);
+    if (s->host_budget)
+        CHECK_EQ_INT(ferry_set_budget(f, 0, s->host_budget), 0);
+    CHECK_EQ_INT(ferry_open(f, s->model, NULL), 0);
+    ferry_policy p = {.home = s->home, .load = s->load, .compute_device = *dev};
+    if (s->convert) {
+        p.convert = 1;
+        p.compute_dtype = s->convert;
+    }
+    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    layers_of(f, L);
+    return f;
+}
+
+static void stream_one(const cuda_setup *c)
+{
+    int dev;
+    layers L;
+    ferry *f = cuda_manager(c, &dev, &L);
     ferry_device_info di;
     CHECK_EQ_INT(ferry_get_device_info(f, dev, &di), 0);
     CHECK_EQ_INT(di.total_bytes, FAKE_MEM);
-    CHECK(di.budget > 0 && di.budget <= FAKE_MEM); /* from cudaMemGetInfo */
-    if (c->budget)
-        CHECK_EQ_INT(ferry_set_budget(f, dev, c->budget), 0);
-    CHECK_EQ_INT(ferry_open(f, c->model, NULL), 0);
-    ferry_policy p = {.home = c->home, .load = c->load, .compute_device = dev};
-    if (c->convert) {
-        p.convert = 1;
-        p.compute_dtype = c->convert;
-    }
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
-    layers L;
-    layers_of(f, &L);
+    CHECK(di.budget > 0 && di.budget <= FAKE_MEM); /* from cudaMemGetInfo, or the one set */
     fc_reset_peak();
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     for (int pass = 0; pass < 2; pass++)
@@ -467,15 +483,15 @@ static void stream_one(const stream_case *c)
 
 static void manager_stream(void)
 {
-    static const stream_case cases[] = {
-        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_READ, 2 * MiB, 0},
-        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 2 * MiB, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_DIRECT, 2 * MiB, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_AUTO, 0, 0},
-        {g_gguf, FERRY_HOME_DEVICE, FERRY_LOAD_READ, 0, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_READ, 4 * MiB, FERRY_DTYPE_F32},
-        {g_st, FERRY_HOME_HOST, FERRY_LOAD_AUTO, 2 * MiB, 0},
-        {g_q8, FERRY_HOME_DISK, FERRY_LOAD_READ, 0, FERRY_DTYPE_F16},
+    static const cuda_setup cases[] = {
+        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_READ, 2 * MiB, 0, 0, 0},
+        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 2 * MiB, 0, 0, 0},
+        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_DIRECT, 2 * MiB, 0, 0, 0},
+        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_AUTO, 0, 0, 0, 0},
+        {g_gguf, FERRY_HOME_DEVICE, FERRY_LOAD_READ, 0, 0, 0, 0},
+        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_READ, 4 * MiB, FERRY_DTYPE_F32, 0, 0},
+        {g_st, FERRY_HOME_HOST, FERRY_LOAD_AUTO, 2 * MiB, 0, 0, 0},
+        {g_q8, FERRY_HOME_DISK, FERRY_LOAD_READ, 0, FERRY_DTYPE_F16, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         stream_one(&cases[i]);
@@ -511,15 +527,11 @@ static int mapping_shared(const char *path)
 static void registered_case(ferry_load load, int refuse)
 {
     fc_register(refuse, 0);
-    ferry *f = ferry_create(NULL);
-    int dev = -1;
-    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
-    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0); /* a layer is 10 MiB, the model 20 */
-    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
-    ferry_policy p = {.home = FERRY_HOME_HOST, .load = load, .compute_device = dev};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    /* a layer is 10 MiB, the model 20 */
+    const cuda_setup c = {g_big, FERRY_HOME_HOST, load, 12 * MiB, 0, 0, 0};
+    int dev;
     layers L;
-    layers_of(f, &L);
+    ferry *f = cuda_manager(&c, &dev, &L);
     uint64_t big = 0, model = ferry_catalog_total_bytes(ferry_catalog_of(f));
     for (size_t i = 0; i < L.n; i++) {
         ferry_tensor_info info;
@@ -563,16 +575,10 @@ static void registered_case(ferry_load load, int refuse)
  * room, and the bytes are right either way. */
 static void registered_capped(void)
 {
-    ferry *f = ferry_create(NULL);
-    int dev = -1;
-    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
-    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0);
-    CHECK_EQ_INT(ferry_set_budget(f, 0, 7 * MiB), 0);
-    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
-    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP, .compute_device = dev};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    const cuda_setup c = {g_big, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 12 * MiB, 0, 7 * MiB, 0};
+    int dev;
     layers L;
-    layers_of(f, &L);
+    ferry *f = cuda_manager(&c, &dev, &L);
     for (int pass = 0; pass < 2; pass++)
         CHECK_EQ_INT(pass_layers(f, &L), 0);
     fakecuda_stats s = stats(-1);
@@ -588,16 +594,10 @@ static void registered_capped(void)
  * registered after ferry_destroy. */
 static void registered_fault(uint64_t copy_nth, int mode)
 {
-    ferry_options o = {.no_schedule = 1};
-    ferry *f = ferry_create(&o);
-    int dev = -1;
-    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
-    CHECK_EQ_INT(ferry_set_budget(f, dev, 12 * MiB), 0);
-    CHECK_EQ_INT(ferry_open(f, g_big, NULL), 0);
-    ferry_policy p = {.home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP, .compute_device = dev};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    const cuda_setup c = {g_big, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 12 * MiB, 0, 0, 1};
+    int dev;
     layers L;
-    layers_of(f, &L);
+    ferry *f = cuda_manager(&c, &dev, &L);
     CHECK_EQ_INT(pass_layers(f, &L), 0);
     CHECK(stats(-1).live_registered >= 8);
     /* blk.0's weights were evicted for blk.1's: staged again, from the registered mapping */
@@ -760,16 +760,10 @@ static int fault_case(uint64_t malloc_nth, uint64_t copy_nth, int mode, uint64_t
 {
     /* no prefetch (not even in file order before a schedule): the N-th allocation and copy are
      * the layer's own, whatever the timing */
-    ferry_options o = {.no_schedule = 1};
-    ferry *f = ferry_create(&o);
-    int dev = -1;
-    CHECK_EQ_INT(ferry_add_device(f, "cuda:0", &dev), 0);
-    CHECK_EQ_INT(ferry_set_budget(f, dev, 2 * MiB), 0);
-    CHECK_EQ_INT(ferry_open(f, g_gguf, NULL), 0);
-    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .compute_device = dev};
-    CHECK_EQ_INT(ferry_group_add(f, "all", "*", &p), 0);
+    const cuda_setup c = {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_READ, 2 * MiB, 0, 0, 1};
+    int dev;
     layers L;
-    layers_of(f, &L);
+    ferry *f = cuda_manager(&c, &dev, &L);
     /* layer 1 (blk.0): five tensors, several copies each with chunked transfers off */
     ferry_tensor **ts = L.t + L.start[1];
     size_t n = L.start[2] - L.start[1];
