@@ -242,12 +242,12 @@ typedef struct ferry__job {
     uint64_t mlocked;         /* bytes it locked from the mapping (0: none) */
     int mlock_refused;        /* the kernel refused (RLIMIT_MEMLOCK): counted, no error */
     /* The host copy as a registered copy source (FILL_COMP to an accelerator from a host home):
-     * reg_want, set when queued, asks the loader to register it; reg_src and [reg_lo, reg_hi)
-     * (offsets in the tensor) then name the bytes the copy engine reads directly, set when queued
-     * for a range registered before, or by the loader (reg_new, read under the lock by
-     * finish_job, which records or undoes it; reg_refused likewise). */
-    int reg_want, reg_new, reg_refused, reg_mapped;
-    uint64_t reg_reserved;    /* bytes of a mapping counted in reg_mapped while it registers */
+     * reg_src and [reg_lo, reg_hi) (offsets in the tensor) name the bytes the copy engine reads
+     * directly, set when queued for a range registered before, or by the loader when reg is
+     * FERRY__REG_ASK (set when queued) and it registers them. The loader leaves reg at NEW or
+     * REFUSED, which finish_job reads under the lock to record or undo. */
+    enum { FERRY__REG_NONE, FERRY__REG_ASK, FERRY__REG_NEW, FERRY__REG_REFUSED } reg;
+    uint64_t reg_reserved;    /* bytes of a mapping counted in the host's reg_mapped meanwhile */
     const unsigned char *reg_src;
     uint64_t reg_lo, reg_hi;
 } ferry__job;

@@ -102,7 +102,6 @@ static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
     if (!(j->fill & FILL_COMP) || j->transformed || ferry__host_side(f, t->comp.dev) ||
         ferry__effective_home(f, t) != FERRY_HOME_HOST || h->state == FERRY__EMPTY)
         return;
-    j->reg_mapped = h->mapped;
     /* A mapping registered is page-locked, held in RAM as a private copy would be, though the
      * host budget does not count it: registered only while it fits in the budget's room. */
     const ferry__dev *H = &f->devs[FERRY__HOST];
@@ -114,7 +113,7 @@ static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
         j->reg_lo = (uint64_t)((const unsigned char *)h->reg - (const unsigned char *)h->ptr);
         j->reg_hi = j->reg_lo + h->reg_len;
     } else if (!h->reg_refused && FERRY_DEVICE_HAS(f->devs[t->comp.dev].d->ops, host_register)) {
-        j->reg_want = 1;
+        j->reg = FERRY__REG_ASK;
         if (h->mapped) { /* counted from now, so that loaders at work at once stay within it */
             j->reg_reserved = t->info.nbytes;
             f->devs[FERRY__HOST].reg_mapped += j->reg_reserved;
@@ -122,7 +121,8 @@ static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
     }
 }
 
-/* Registers the page-aligned part of T's host bytes at BASE with the job's device (reg_want);
+/* Registers the page-aligned part of T's host bytes at BASE with the job's device (asked by
+ * reg_plan);
  * ranges under FERRY__REG_MIN are not worth a registration. Loader, without the lock. */
 #define FERRY__REG_MIN (UINT64_C(1) << 20)
 static void reg_now(ferry_device *d, const ferry_tensor *t, const unsigned char *base, ferry__job *j)
@@ -134,10 +134,10 @@ static void reg_now(ferry_device *d, const ferry_tensor *t, const unsigned char 
         return;
     j->reg_src = base;
     if (d->ops->host_register(d, (void *)lo, (uint64_t)(hi - lo))) {
-        j->reg_refused = 1;
+        j->reg = FERRY__REG_REFUSED;
         return;
     }
-    j->reg_new = 1;
+    j->reg = FERRY__REG_NEW;
     j->reg_lo = lo - b;
     j->reg_hi = hi - b;
 }
@@ -149,9 +149,9 @@ static void reg_settle(ferry *f, ferry_tensor *t, const ferry__job *j)
     ferry__copy *h = &t->host;
     int same = h->state == FERRY__READY && h->ptr == j->reg_src;
     f->devs[FERRY__HOST].reg_mapped -= j->reg_reserved;
-    if (j->reg_refused && same)
+    if (j->reg == FERRY__REG_REFUSED && same)
         h->reg_refused = 1;
-    if (!j->reg_new)
+    if (j->reg != FERRY__REG_NEW)
         return;
     void *p = (void *)(j->reg_src + j->reg_lo);
     if (same && !h->reg) {
@@ -260,7 +260,7 @@ static int run_job_inner(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__
         int mapped = have && t->host.mapped;
         const unsigned char *src = have && !mapped ? t->host.ptr : NULL;
         ferry__xfer_env env = ferry__xfer_env_of(f, t->comp.dev);
-        if (j->reg_want && have)
+        if (j->reg == FERRY__REG_ASK && have)
             reg_now(env.dev, t, t->host.ptr, j);
         rc = ferry__transfer(&env, lc, t, j, src, mapped, j->load, &t->comp, e);
         if (!rc && t->comp.permanent)

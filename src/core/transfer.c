@@ -200,10 +200,11 @@ static int transfer_registered(const ferry__xfer_env *env, ferry__loader_ctx *lc
 {
     ferry_device *d = env->dev;
     uint64_t n = t->info.nbytes, lo = j->reg_lo, hi = j->reg_hi;
+    int mapped = t->host.mapped; /* fixed while the host copy lives, which the job holds */
     uint64_t off[3] = {lo, 0, hi}, len[3] = {hi - lo, lo, n - hi}, ticket[3];
     char msg[256];
     int rc = 0, issued = 0;
-    if (j->reg_mapped && (lo || hi < n)) {
+    if (mapped && (lo || hi < n)) {
         rc = ctx_buffers(lc, NEED_STAGE, FERRY__XFER_CHUNK, d, 0);
         if (rc)
             return ferry__fail(e, rc, "%s: tensor '%s': out of memory for staging buffers",
@@ -213,7 +214,7 @@ static int transfer_registered(const ferry__xfer_env *env, ferry__loader_ctx *lc
         if (!len[k])
             continue;
         const unsigned char *src = j->reg_src + off[k];
-        if (k && j->reg_mapped) {
+        if (k && mapped) {
             unsigned char *buf = lc->stage[k - 1] + (t->info.offset + off[k]) % FERRY__IO_ALIGN;
             if ((rc = ferry__read_file(env, t, off[k], len[k], buf, mode, 0, e)) != 0)
                 break;
