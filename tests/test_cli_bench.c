@@ -49,7 +49,7 @@ static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 /* One stream entry: every key, positive, and consistent with its definitions. */
 static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_budget,
-                         const char *device)
+                         const char *device, double fresh)
 {
     static const char *keys[] = {"budget_bytes",   "bytes_read_per_pass",
                                  "optimal_bytes_per_pass", "working_set_bytes",
@@ -86,6 +86,15 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
            f_secs = jnum(jget(s, "first_pass_seconds"));
     CHECK(fabs(f_eff - f_bound / f_secs) <= 1e-9 * f_eff + 1e-12);
     CHECK(fabs(f_secs - jnum(&ps->items[0])) <= 1e-12 + 1e-9 * f_secs);
+    /* and against the kept memory faulted in at the fresh-memory rate (cpu streams only) */
+    double fault = jnum(jget(s, "first_pass_fault_seconds"));
+    double f_mach = jnum(jget(s, "first_pass_machine_efficiency"));
+    if (fresh > 0 && strcmp(device, "cpu") == 0)
+        CHECK(fabs(fault - (double)(budget < model ? budget : model) / (fresh * 1e9)) <=
+              1e-9 * fault + 1e-12);
+    else
+        CHECK(fault == 0);
+    CHECK(fabs(f_mach - fmax(f_bound, fault) / f_secs) <= 1e-9 * f_mach + 1e-12);
 }
 
 /* --stream-io fixes the streams' settings (no sweep); --cap where no memory controller can be
@@ -171,8 +180,8 @@ static void test_json(const char *model_path)
     const ferry__json *st = jget(&doc, "stream");
     CHECK(st && st->type == FERRY__JSON_ARRAY && st->n == 2);
     if (st && st->type == FERRY__JSON_ARRAY && st->n == 2) {
-        check_stream(&st->items[0], model, model / 4, "cpu");
-        check_stream(&st->items[1], model, model / 2, "cpu");
+        check_stream(&st->items[0], model, model / 4, "cpu", fresh);
+        check_stream(&st->items[1], model, model / 2, "cpu", fresh);
     }
     CHECK(jget(&doc, "device_stream") == NULL); /* only with --device */
     ferry__json_free(&doc);
@@ -192,7 +201,7 @@ static void test_device(const char *model_path)
     CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
     if (ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1) {
         const ferry__json *s = &ds->items[0];
-        check_stream(s, model, model / 4, "sim:256MiB@4GB/s");
+        check_stream(s, model, model / 4, "sim:256MiB@4GB/s", 0);
         /* nothing is computed on the device: the bound is the link's time for optimal bytes */
         double bound = jnum(jget(s, "bound_seconds_per_pass"));
         double opt = jnum(jget(s, "optimal_bytes_per_pass"));

@@ -780,6 +780,13 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     r->first_seconds = r->seconds[0];
     r->first_bound = t0 > r->compute_s ? t0 : r->compute_s;
     r->first_efficiency = r->first_seconds > 0 ? r->first_bound / r->first_seconds : 0;
+    /* It also fills the memory the budget keeps, which no pass before it faulted in: at the
+     * rate of fresh memory, where that was measured. */
+    double fresh = r->device ? 0 : b->med[BENCHLAB_FRESH] * 1e9;
+    uint64_t kept = r->budget < b->model ? r->budget : b->model;
+    r->first_fault_s = fresh > 0 ? (double)kept / fresh : 0;
+    double machine = r->first_bound > r->first_fault_s ? r->first_bound : r->first_fault_s;
+    r->first_machine_efficiency = r->first_seconds > 0 ? machine / r->first_seconds : 0;
     if (r->capped && !r->device) {
         double rate = r->limit_med > 0 ? r->limit_med * 1e9 : b->med[BENCHLAB_DIRECT] * 1e9;
         uint64_t streamed = b->model > r->budget ? b->model - r->budget : 0;

@@ -74,6 +74,9 @@ typedef struct benchlab_stream {
     double first_seconds; /* pass 1: recorded while prefetching in file order */
     double first_bound;   /* max(M / O_DIRECT read before it, resident compute) */
     double first_efficiency;
+    double first_fault_s; /* min(B, M) / fresh memory: the kept memory faulted in for the first
+                             time as the pass fills it (0: fresh memory not measured, or a device) */
+    double first_machine_efficiency; /* max(first_bound, first_fault_s) / first_seconds */
     int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
     uint64_t working_set; /* W of this stream's sets (the capped stream cuts layers larger than
                              B/32 into tensors, and tensors larger than it into row ranges); 0: benchlab.working_set */

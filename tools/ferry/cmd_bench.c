@@ -371,7 +371,8 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                        "before each pass; passes 2..%u\n",
                        r->passes);
             printf("  %-12s %12s %12s %10s %10s %10s   %s\n", "budget", "read/pass", "optimal",
-                   "s/pass", "bound s", "efficiency", "readers x request; first pass s, eff.");
+                   "s/pass", "bound s", "efficiency",
+                   "readers x request; first pass s, eff. (with min(B, M) / fresh memory)");
         }
         if (r->capped && (i == 0 || !b->streams[i - 1].capped))
             printf("  capped: inside %s of %s, host budget C - 256 MiB, %zu prepares a pass "
@@ -380,8 +381,8 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                    cli_size(r->working_set, s2));
         char bud[40], io[96];
         snprintf(bud, sizeof bud, "%s%s", cli_size(r->budget, s1), r->raised ? "*" : "");
-        snprintf(io, sizeof io, "%u x %s; %.3f, %.2f", r->readers, cli_size(r->request, s3),
-                 r->first_seconds, r->first_efficiency);
+        snprintf(io, sizeof io, "%u x %s; %.3f, %.2f (%.2f)", r->readers, cli_size(r->request, s3),
+                 r->first_seconds, r->first_efficiency, r->first_machine_efficiency);
         printf("  %-12s %12s %12s %10.3f %10.3f %10.2f%s   %s\n", bud, cli_size(r->bytes_med, s2),
                cli_size(r->optimal, s3), r->seconds_med, r->bound, r->efficiency,
                r->efficiency > 1.0 ? " !" : "  ", io);
@@ -475,6 +476,10 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     cli_json_f64(j, r->first_bound);
     cli_json_key(j, "first_pass_efficiency");
     cli_json_f64(j, r->first_efficiency);
+    cli_json_key(j, "first_pass_fault_seconds");
+    cli_json_f64(j, r->first_fault_s);
+    cli_json_key(j, "first_pass_machine_efficiency");
+    cli_json_f64(j, r->first_machine_efficiency);
     cli_json_key(j, "capped");
     cli_json_bool(j, r->capped);
     if (r->capped) {
