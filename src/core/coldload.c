@@ -6,8 +6,7 @@
  * GB/s here on some days against a disk that reads 5-12 GB/s), the page cache fills 3 times
  * faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's readahead
  * (bench/README.md). So a manager's first group load of enough uncached AUTO bytes measures
- * both on the file it loads (each way in two halves, alternating, the better half kept), and keeps
- * the faster:
+ * both on the file it loads, and keeps the faster:
  *   map:     MADV_POPULATE_READ of up to 64 MiB of uncached bytes through the mapping, in as
  *            many shares at once as there are loaders (up to 4), as they populate tensors side
  *            by side;
@@ -106,8 +105,8 @@ static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, u
     return !failed && t > 0 ? (double)len / t / 1e9 : 0;
 }
 
-/* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE,
- * each in two halves; 0 when there is no room for them or they are cached. */
+/* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE;
+ * 0 when there is no room for them or they are cached. */
 static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
 {
     lo = (lo + PROBE_PAGE - 1) & ~(PROBE_PAGE - 1);
@@ -125,14 +124,9 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
         ferry__iofile_cached(file, b, lp) > PROBE_COLD)
         return 0;
     unsigned parts = f->jobs.n_loaders < PROBE_PARTS ? f->jobs.n_loaders : PROBE_PARTS;
-    /* each way in two halves, map, private, private, map, and the better half of each: on a VM
-     * a moment's stall (memory handed back to the host a moment before) otherwise decides */
-    uint64_t hm = lm / 2 & ~(PROBE_PAGE - 1), hp = lp / 2 & ~(PROBE_PAGE - 1);
-    double m1 = probe_map(file, a, hm, parts), p1 = probe_private(f, file, b, hp);
-    double p2 = probe_private(f, file, b + hp, lp - hp), m2 = probe_map(file, a + hm, lm - hm, parts);
-    if (m1 <= 0 || m2 <= 0 || p1 <= 0 || p2 <= 0)
+    double pm = probe_map(file, a, lm, parts), pp = probe_private(f, file, b, lp);
+    if (pm <= 0 || pp <= 0)
         return 0;
-    double pm = m1 > m2 ? m1 : m2, pp = p1 > p2 ? p1 : p2;
     f->cold.map_gbps = pm;
     f->cold.private_gbps = pp;
     f->cold.map = pm > pp;
