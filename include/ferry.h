@@ -518,8 +518,10 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
  * private copy with O_DIRECT; but a manager's first ferry_load_group or ferry_prepare of such
  * tensors, 512 MiB of them or from a file of 512 MiB or more, measures on that file both that
  * (32 MiB into fresh memory) and filling the page cache through the mapping (64 MiB, in up to 4
- * shares at once), and keeps the faster for them and every later AUTO tensor not yet loaded:
- * where fresh memory faults in slowly (some VMs), the mapping is several times faster. The
+ * shares at once), and keeps the faster for them and every later AUTO tensor not yet loaded
+ * (the mapping when it measured at least 0.8 of the other's rate: its probe's bytes serve the
+ * load, and it holds no private memory): where fresh memory faults in slowly (some VMs), the
+ * mapping is several times faster. The
  * environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
  * measures at any size. */
 typedef struct ferry_cold_load {

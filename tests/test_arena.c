@@ -1755,7 +1755,7 @@ static void cold_case(const char *env, int want_map)
         } else {
             CHECK_EQ_INT(c.forced, 0);
             CHECK(c.map_gbps > 0 && c.private_gbps > 0);
-            CHECK_EQ_INT(c.map, c.map_gbps > c.private_gbps);
+            CHECK_EQ_INT(c.map, c.map_gbps >= 0.8 * c.private_gbps); /* a near tie: the mapping */
             printf("test_cold_choice: probe: mapping %.2f GB/s, private copies %.2f GB/s\n",
                    c.map_gbps, c.private_gbps);
         }
@@ -1790,7 +1790,7 @@ static void cold_case_prepare(void)
         ferry_cold_load c;
         CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
         CHECK_EQ_INT(c.decided, 1);
-        CHECK_EQ_INT(c.map, c.map_gbps > c.private_gbps);
+        CHECK_EQ_INT(c.map, c.map_gbps >= 0.8 * c.private_gbps); /* a near tie: the mapping */
         CHECK_EQ_INT(in_file_map(ts[0], ferry_tensor_data(ts[0])), c.map);
         CHECK_EQ_INT(ferry_prepare(f, ts + 1, n - 1), 0);
         CHECK_EQ_INT(count_same(f, ts, n), n);
