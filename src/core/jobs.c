@@ -122,8 +122,8 @@ static void reg_plan(ferry *f, const ferry_tensor *t, ferry__job *j)
 }
 
 /* Registers the page-aligned part of T's host bytes at BASE with the job's device (asked by
- * reg_plan);
- * ranges under FERRY__REG_MIN are not worth a registration. Loader, without the lock. */
+ * reg_plan); ranges under FERRY__REG_MIN are not worth a registration. Loader, without the
+ * lock. */
 #define FERRY__REG_MIN (UINT64_C(1) << 20)
 static void reg_now(ferry_device *d, const ferry_tensor *t, const unsigned char *base, ferry__job *j)
 {

@@ -432,21 +432,25 @@ VD_VNNI static inline __m256 scales8(const uint8_t *w, __m256i rows, uint64_t of
     return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
 }
 
-/* The exact int32 sums of four pairs of rows, P[k] holding row 2k in its low 256 bits and row
- * 2k + 1 in its high: lane i of the result is row PERM8[i]'s sum (the order the reduction leaves
- * them in, which the callers keep to until they store). */
+/* The exact int32 sums of eight rows from four products, P[k] holding row 2k's eight partial sums
+ * in its low 256 bits and row 2k + 1's in its high: lane i of the result is row PERM8[i]'s sum
+ * (the order the reduction leaves them in, which the callers keep to until they store). */
 static const int32_t PERM8[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 VD_VNNI static inline __m256i sum4x16(const __m512i p[4])
 {
-    /* in each 128-bit lane: rows (2k of p0, 2k of p1) twice, partial sums of two */
-    __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-    __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-    /* 128-bit lanes 0, 1: rows 0, 2, 4, 6; lanes 2, 3: rows 1, 3, 5, 7; sums of four */
+    /* each 128-bit lane of T0 (T1): two sums of two of its rows from P0 and P1 (P2 and P3),
+     * rows 0 and 2 (4 and 6) in lanes 0 and 1, rows 1 and 3 (5 and 7) in lanes 2 and 3 */
+    __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]),
+                                  _mm512_unpackhi_epi32(p[0], p[1]));
+    __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]),
+                                  _mm512_unpackhi_epi32(p[2], p[3]));
+    /* each lane: a half of each of its four rows, rows 0, 2, 4, 6 in lanes 0 and 1, rows 1, 3,
+     * 5, 7 in lanes 2 and 3; then lane 0 + lane 1 and lane 2 + lane 3, side by side */
     __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-    /* lanes 0 + 1 and 2 + 3, then those two lanes side by side */
     u = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm512_castsi512_si256(_mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 0, 1, 4, 5), u));
+    return _mm512_castsi512_si256(
+        _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 0, 1, 4, 5), u));
 }
 
 /* Eight q8_0 rows against the q8_0 vector XQ, two rows a 512-bit product: the weights made
@@ -461,8 +465,8 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b = 0; b < n / 32; b++, xq += 34) {
         __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + 2)));
-        __m512i x0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x), 7));
+        __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x);
+        __m512i x0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, 7));
         __m512i s[4];
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
@@ -471,8 +475,9 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
                 _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
                 _mm_prefetch((const char *)(p + 9 * rb), _MM_HINT_T1);
             }
-            __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
-                                           _mm256_loadu_si256((const __m256i *)(p + rb)), 1);
+            __m512i a = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                _mm256_loadu_si256((const __m256i *)(p + rb)), 1);
             s[k] = _mm512_dpbusd_epi32(x0, _mm512_xor_si512(a, bias), x);
         }
         __m256 d = _mm256_mul_ps(scales8(w, rows, 34 * b), _mm256_set1_ps(_cvtsh_ss(ferry__ld16(xq))));
