@@ -644,21 +644,24 @@ VD_VBMI static void q4_0_prepare_x(const uint8_t *xq, uint64_t n, q4_0_xstep *xs
  * to match (q4_0_x4): bytes 16k.. pair block k's low nibbles with its elements 0..15 and its
  * high nibbles (shifted down by a GF(2) affine map) with 16..31. So one pair of vpdpbusd forms
  * four blocks' sums of a row, four int32 lanes per block, and sum4x4_small reduces four rows
- * at once. The four scales of each row are in the same 64 bytes: vpermt2w picks them out of two
- * rows at a time (no gather). Blocks past the last multiple of four go through q4_0_block8. XS:
- * the vector's steps from q4_0_prepare_x, or NULL to form them here. */
+ * at once. Blocks past the last multiple of four go through q4_0_block8. XS: the vector's steps
+ * from q4_0_prepare_x, or NULL to form them here. */
 VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8_t *xq,
                                       uint64_t n, float *y, const q4_0_xstep *xs)
 {
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i top8 = _mm512_setr_epi64(0, 0, 0, 0, 0, 0, 0, -1);
     const __m512i nib = _mm512_loadu_si512(q4_0_nib);
-    /* the scales: word j of a pair's vpermt2w, row j % 8's block j / 8 (word 9 * block of a
-     * row's 64 loaded bytes), taken from the pair's first row for even rows and from its second
-     * for odd ones; each pair's two rows then blended in */
-    const __m512i scw = _mm512_set_epi16(
-        32 + 27, 27, 32 + 27, 27, 32 + 27, 27, 32 + 27, 27, 32 + 18, 18, 32 + 18, 18, 32 + 18, 18,
-        32 + 18, 18, 32 + 9, 9, 32 + 9, 9, 32 + 9, 9, 32 + 9, 9, 32, 0, 32, 0, 32, 0, 32, 0);
+    /* the scales' offsets: lane i, row i % 8's block i / 8 (of two) */
+    const __m512i sc01 = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                           _mm512_set1_epi32((int)rb)),
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 18, 18, 18, 18, 18, 18, 18, 18));
+    const __m512i sc23 = _mm512_add_epi32(sc01, _mm512_set1_epi32(36));
+    /* the low words of two vectors of int32 */
+    const __m512i low16 = _mm512_setr_epi64(
+        0x0006000400020000, 0x000e000c000a0008, 0x0016001400120010, 0x001e001c001a0018,
+        0x0026002400220020, 0x002e002c002a0028, 0x0036003400320030, 0x003e003c003a0038);
     const __m512i blk01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i blk23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     const uint64_t nb = n / 32;
@@ -667,7 +670,7 @@ VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8
     for (; b + 4 <= nb; b += 4, xq += 4 * 34) {
         const q4_0_xstep v = xs ? xs[b / 4] : q4_0_x4(xq);
         const __m512i xlo = v.lo, xhi = v.hi, c8 = v.c8;
-        __m512i s[8], raw[8], wd = _mm512_setzero_si512();
+        __m512i s[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
             const uint8_t *p = w + r * rb + 18 * b;
@@ -675,12 +678,7 @@ VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8
             _mm_prefetch((const char *)(p + 8 * rb + 64), _MM_HINT_T1);
             uint64_t last;
             memcpy(&last, p + 64, 8);
-            raw[r] = _mm512_loadu_si512(p);
-            if (r & 1) {
-                __m512i t = _mm512_permutex2var_epi16(raw[r - 1], scw, raw[r]);
-                wd = _mm512_mask_blend_epi16((__mmask32)(0x03030303u << (r - 1)), wd, t);
-            }
-            __m512i q = _mm512_permutexvar_epi8(nib, raw[r]);
+            __m512i q = _mm512_permutexvar_epi8(nib, _mm512_loadu_si512(p));
             /* top8 ? last : q, a blend that the compiler does not turn into a (slower) masked
              * load */
             q = _mm512_ternarylogic_epi64(top8, _mm512_set1_epi64((long long)last), q, 0xca);
@@ -694,6 +692,9 @@ VD_VBMI static void q4_0_rows8_vbmi_x(const uint8_t *w, uint64_t rb, const uint8
         __m512 v01 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk01, u1));
         __m512 v23 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi64(u0, blk23, u1));
         /* the scale products in the same places */
+        __m512i g01 = _mm512_i32gather_epi32(sc01, (const void *)(w + 18 * b), 1);
+        __m512i g23 = _mm512_i32gather_epi32(sc23, (const void *)(w + 18 * b), 1);
+        __m512i wd = _mm512_permutex2var_epi16(g01, low16, g23);
         __m512 d01 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(wd)), v.d01);
         __m512 d23 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(wd, 1)), v.d23);
         acc = _mm256_fmadd_ps(_mm512_castps512_ps256(v01), _mm512_castps512_ps256(d01), acc);
