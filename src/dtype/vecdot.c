@@ -471,10 +471,8 @@ VD_VNNI static void q8_0_rows8(const uint8_t *w, uint64_t rb, const uint8_t *xq,
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const uint8_t *p = w + 2 * k * rb + 34 * b + 2;
-            if (!(b & 1)) {
-                _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
-                _mm_prefetch((const char *)(p + 9 * rb), _MM_HINT_T1);
-            }
+            _mm_prefetch((const char *)(p + 8 * rb), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + 9 * rb), _MM_HINT_T1);
             __m512i a = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
                 _mm256_loadu_si256((const __m256i *)(p + rb)), 1);
