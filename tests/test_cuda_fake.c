@@ -528,7 +528,7 @@ static void registered_case(ferry_load load, int refuse)
 {
     fc_register(refuse, 0);
     /* a layer is 10 MiB, the model 20 */
-    const cuda_setup c = {g_big, FERRY_HOME_HOST, load, 12 * MiB, 0, 0, 0};
+    const cuda_setup c = {.model = g_big, .home = FERRY_HOME_HOST, .load = load, .budget = 12 * MiB};
     int dev;
     layers L;
     ferry *f = cuda_manager(&c, &dev, &L);
@@ -575,7 +575,8 @@ static void registered_case(ferry_load load, int refuse)
  * room, and the bytes are right either way. */
 static void registered_capped(void)
 {
-    const cuda_setup c = {g_big, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 12 * MiB, 0, 7 * MiB, 0};
+    const cuda_setup c = {.model = g_big, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP,
+                          .budget = 12 * MiB, .host_budget = 7 * MiB};
     int dev;
     layers L;
     ferry *f = cuda_manager(&c, &dev, &L);
@@ -594,7 +595,8 @@ static void registered_capped(void)
  * registered after ferry_destroy. */
 static void registered_fault(uint64_t copy_nth, int mode)
 {
-    const cuda_setup c = {g_big, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 12 * MiB, 0, 0, 1};
+    const cuda_setup c = {.model = g_big, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP,
+                          .budget = 12 * MiB, .no_schedule = 1};
     int dev;
     layers L;
     ferry *f = cuda_manager(&c, &dev, &L);
@@ -760,7 +762,8 @@ static int fault_case(uint64_t malloc_nth, uint64_t copy_nth, int mode, uint64_t
 {
     /* no prefetch (not even in file order before a schedule): the N-th allocation and copy are
      * the layer's own, whatever the timing */
-    const cuda_setup c = {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_READ, 2 * MiB, 0, 0, 1};
+    const cuda_setup c = {.model = g_gguf, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ,
+                          .budget = 2 * MiB, .no_schedule = 1};
     int dev;
     layers L;
     ferry *f = cuda_manager(&c, &dev, &L);
