@@ -3,7 +3,11 @@
  * engine) beside ferry's streamed throughput to it: a model streamed through a device budget of a
  * quarter of its size, layer by layer, with a timed wait standing in for compute.
  *
- *   gpu_bench [--device cuda:0] [--compute-ms X] [--passes N] MODEL
+ *   gpu_bench [--device cuda:0] [--compute-ms X] [--passes N] [--trace FILE] MODEL
+ *
+ * --trace writes the timeline of passes 2..N (Chrome trace format: each pass, layer, prepare and
+ * release; each loader's staging, device allocations and frees, the waits in prepare) for finding
+ * where a pass stalls.
  *
  * Written for bench/gpu-check.sh on a machine with a GPU; runs on a sim device anywhere
  * (--device sim:4GiB@20GB/s), which is how it is tested without one.
@@ -17,11 +21,10 @@
 #include "ferry.h"
 #include "ferry_device.h"
 
+/* ferry's clock, so that the trace's engine events line up with its own */
 static double now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+    return ferry_now();
 }
 
 static void sleep_s(double s)
@@ -83,7 +86,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    const char *spec = "cuda:0", *model = NULL;
+    const char *spec = "cuda:0", *model = NULL, *trace = NULL;
     double compute_ms = 1.0;
     int passes = 3;
     for (int i = 1; i < argc; i++) {
@@ -93,11 +96,14 @@ int main(int argc, char **argv)
             compute_ms = atof(argv[++i]);
         else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
             passes = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc)
+            trace = argv[++i];
         else
             model = argv[i];
     }
     if (!model || passes < 2) {
-        fprintf(stderr, "usage: gpu_bench [--device SPEC] [--compute-ms X] [--passes N>=2] MODEL\n");
+        fprintf(stderr, "usage: gpu_bench [--device SPEC] [--compute-ms X] [--passes N>=2] "
+                        "[--trace FILE] MODEL\n");
         return 2;
     }
     double bw = h2d_bandwidth(spec);
@@ -138,25 +144,45 @@ int main(int argc, char **argv)
     double best_pass = 1e30, stall = 0;
     uint64_t copied0 = 0;
     for (int pass = 0; pass < passes; pass++) {
+        if (pass == 1 && trace && ferry_trace_start(f, trace)) {
+            fprintf(stderr, "gpu_bench: %s\n", ferry_errmsg(f));
+            return 1;
+        }
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
-        double t0 = now();
+        double t0 = now(), tl = t0;
         for (size_t k = 0; k < nsets; k++) {
             size_t cnt = start[k + 1] - start[k];
+            double tp = now();
             if (ferry_prepare(f, ts + start[k], cnt)) {
                 fprintf(stderr, "gpu_bench: %s\n", ferry_errmsg(f));
                 return 1;
             }
+            double tc = now();
             sleep_s(compute_ms / 1e3);
+            double tr = now();
             ferry_release(f, ts + start[k], cnt);
+            double te = now();
+            if (trace && pass > 0) {
+                ferry_trace_event(f, "prepare", "engine", tp, tc);
+                ferry_trace_event(f, "release", "engine", tr, te);
+                ferry_trace_event(f, "layer", "engine", tl, te);
+            }
+            tl = te;
         }
         double el = now() - t0;
+        if (trace && pass > 0)
+            ferry_trace_event(f, "pass", "engine", t0, t0 + el);
         ferry_get_stats(f, &s1);
         if (pass > 0 && el < best_pass) {
             best_pass = el;
             stall = s1.wait_seconds - s0.wait_seconds;
             copied0 = s1.bytes_copied - s0.bytes_copied;
         }
+    }
+    if (trace && ferry_trace_stop(f)) {
+        fprintf(stderr, "gpu_bench: %s\n", ferry_errmsg(f));
+        return 1;
     }
     double compute = compute_ms / 1e3 * (double)nsets;
     double bound = copied0 / (bw * 1e9);

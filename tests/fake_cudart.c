@@ -21,6 +21,12 @@
  *    forbids touching copy memory before the wait);
  *  - cudaFree synchronizes the device first, as the real one does (and counts a free of memory a
  *    queued copy still used); memory per device is FAKE_CUDA_MEM, and cudaMemGetInfo reports it;
+ *  - memory pools (cudaMemPoolCreate; FAKE_CUDA_NO_POOL=1 refuses them as not supported):
+ *    cudaMallocFromPoolAsync allocates at once, cudaFreeAsync frees when its stream reaches it
+ *    and synchronizes nothing; a copy that names memory whose free is queued is refused. The
+ *    freed bytes leave the device's `used` at the call: the pool gives them to the allocations
+ *    that follow on the same stream (one stream per device is what ferry uses); with a lost
+ *    context the memory goes at once, as with cudaFree;
  *  - the current device is per thread (default 0), as is the last error; allocations, streams and
  *    events belong to the device current when they were made; recording an event on another
  *    device's stream is cudaErrorInvalidResourceHandle;
@@ -77,7 +83,13 @@ typedef struct alloc_rec {
     unsigned char *host;
     int device;
     uint64_t queued; /* queued copies that use it */
+    int pooled;      /* from cudaMallocFromPoolAsync */
+    int freeing;     /* its cudaFreeAsync is queued: its bytes no longer count in `used` */
 } alloc_rec;
+
+typedef struct fpool {
+    int device;
+} fpool;
 
 typedef struct fevent {
     int device;
@@ -87,7 +99,7 @@ typedef struct fevent {
     int destroyed;
 } fevent;
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_KERNEL };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_KERNEL, OP_FREE };
 
 typedef struct op {
     struct op *next;
@@ -142,6 +154,8 @@ static size_t g_npinned, g_cappinned;
 static pinned_rec *g_reg; /* registered host ranges */
 static size_t g_nreg, g_capreg;
 static int g_register_refused;        /* every cudaHostRegister fails with cudaErrorNotSupported */
+static fpool **g_pools;
+static size_t g_npools, g_cappools;
 static uint64_t g_fail_register, g_n_register; /* the N-th fails with cudaErrorMemoryAllocation */
 static fstream **g_streams;
 static size_t g_nstreams, g_capstreams;
@@ -318,6 +332,19 @@ static void sleep_us(unsigned us)
     }
 }
 
+/* Takes allocation R out of the live ones (its memory is the caller's to free). Lock held. */
+static void rec_drop(alloc_rec *r)
+{
+    fakecuda_stats *st = &g_st[r->device];
+    size_t at = rec_upper(r->dev) - 1;
+    memmove(g_recs + at, g_recs + at + 1, (g_nrecs - at - 1) * sizeof *g_recs);
+    g_nrecs--;
+    if (!r->freeing)
+        st->used -= r->rounded;
+    st->live_allocs--;
+    st->frees++;
+}
+
 /* ---- the stream worker ----------------------------------------------------------------------- */
 
 static void *stream_main(void *arg)
@@ -357,6 +384,18 @@ static void *stream_main(void *arg)
                 free(o->ev);
         } else if (o->kind == OP_KERNEL) {
             o->rec[1]->queued--;
+        } else if (o->kind == OP_FREE) {
+            alloc_rec *r = o->rec[0];
+            if (r->queued)
+                g_st[r->device].free_while_queued++;
+            while (r->queued) /* another stream's copy: undefined on a GPU, waited for here */
+                pthread_cond_wait(&g_done, &g_lock);
+            rec_drop(r);
+            g_st[r->device].async_frees++;
+            pthread_mutex_unlock(&g_lock);
+            free(r->host);
+            free(r);
+            pthread_mutex_lock(&g_lock);
         } else if (o->kind == OP_COPY) {
             for (int k = 0; k < 2; k++)
                 if (o->rec[k])
@@ -442,6 +481,8 @@ API int cudaSetDevice(int device)
     return E_SUCCESS;
 }
 
+static int dev_malloc(int dev, void **ptr, size_t size, int pooled);
+
 API int cudaMalloc(void **ptr, size_t size)
 {
     int e = enter();
@@ -453,7 +494,12 @@ API int cudaMalloc(void **ptr, size_t size)
         *ptr = NULL;
         return E_SUCCESS;
     }
-    int dev = t_dev;
+    return dev_malloc(t_dev, ptr, size, 0);
+}
+
+/* Allocates SIZE (> 0) bytes of device DEV. */
+static int dev_malloc(int dev, void **ptr, size_t size, int pooled)
+{
     uint64_t rounded = ((uint64_t)size + DEV_ALIGN - 1) & ~(uint64_t)(DEV_ALIGN - 1);
     pthread_mutex_lock(&g_lock);
     fakecuda_stats *st = &g_st[dev];
@@ -490,6 +536,7 @@ API int cudaMalloc(void **ptr, size_t size)
     r->size = size;
     r->rounded = rounded;
     r->device = dev;
+    r->pooled = pooled;
     size_t at = rec_upper(r->dev);
     memmove(g_recs + at + 1, g_recs + at, (g_nrecs - at) * sizeof *g_recs);
     g_recs[at] = r;
@@ -518,18 +565,148 @@ API int cudaFree(void *ptr)
     fakecuda_stats *st = &g_st[r->device];
     if (r->queued)
         st->free_while_queued++;
+    if (r->freeing) {
+        g_st[t_dev].bad_frees++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(E_INVALID_VALUE);
+    }
     device_idle(r->device); /* cudaFree synchronizes the device */
-    size_t at = rec_upper(r->dev) - 1;
-    memmove(g_recs + at, g_recs + at + 1, (g_nrecs - at - 1) * sizeof *g_recs);
-    g_nrecs--;
-    st->used -= r->rounded;
-    st->live_allocs--;
-    st->frees++;
+    rec_drop(r);
+    st->synced_frees++;
     int sticky = g_sticky;
     pthread_mutex_unlock(&g_lock);
     free(r->host);
     free(r);
     return sticky ? fail(sticky) : E_SUCCESS; /* a lost context still releases the memory */
+}
+
+/* cudaMemPoolProps as the runtime lays it out (88 bytes on 64-bit hosts). */
+typedef struct pool_props {
+    int alloc_type, handle_types;
+    int location_type, location_id;
+    void *win32;
+    unsigned char rest[64]; /* maxSize, usage, reserved: zero is the default */
+} pool_props;
+
+static int pool_live(const fpool *p)
+{
+    for (size_t i = 0; i < g_npools; i++)
+        if (g_pools[i] == p)
+            return 1;
+    return 0;
+}
+
+API int cudaMemPoolCreate(void **pool, const void *props)
+{
+    int e = enter();
+    if (e)
+        return e;
+    if (env_u64("FAKE_CUDA_NO_POOL", 0)) /* read at each call: tests switch it */
+        return fail(E_NOT_SUPPORTED);
+    const pool_props *pp = props;
+    if (!pool || !pp || pp->alloc_type != 1 || pp->handle_types != 0 || pp->location_type != 1 ||
+        pp->location_id < 0 || pp->location_id >= g_ndev || pp->win32)
+        return fail(E_INVALID_VALUE);
+    fpool *p = calloc(1, sizeof *p);
+    if (!p)
+        return fail(E_MEMORY_ALLOCATION);
+    p->device = pp->location_id;
+    pthread_mutex_lock(&g_lock);
+    if (grow((void **)&g_pools, &g_cappools, g_npools + 1, sizeof *g_pools)) {
+        pthread_mutex_unlock(&g_lock);
+        free(p);
+        return fail(E_MEMORY_ALLOCATION);
+    }
+    g_pools[g_npools++] = p;
+    g_gl.live_pools++;
+    pthread_mutex_unlock(&g_lock);
+    *pool = p;
+    return E_SUCCESS;
+}
+
+API int cudaMemPoolDestroy(void *pool)
+{
+    pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    size_t i = 0;
+    while (i < g_npools && g_pools[i] != pool)
+        i++;
+    if (i == g_npools) {
+        g_gl.bad_handles++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(E_INVALID_VALUE);
+    }
+    g_pools[i] = g_pools[--g_npools];
+    g_gl.live_pools--;
+    pthread_mutex_unlock(&g_lock);
+    free(pool); /* its allocations stay valid until freed, as with the real call */
+    return E_SUCCESS;
+}
+
+API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
+{
+    int e = enter();
+    if (e)
+        return e;
+    if (!ptr)
+        return fail(E_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    fpool *p = pool;
+    int ok = pool_live(p) && stream && stream_live(stream);
+    int dev = ok ? p->device : 0;
+    if (!ok)
+        g_gl.bad_handles++;
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return fail(E_INVALID_VALUE);
+    if (!size) {
+        *ptr = NULL;
+        return E_SUCCESS;
+    }
+    return dev_malloc(dev, ptr, size, 1);
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    pthread_once(&g_once, init);
+    if (!ptr)
+        return E_SUCCESS;
+    int sticky = __atomic_load_n(&g_sticky, __ATOMIC_ACQUIRE);
+    if (sticky) {
+        /* the context is lost: nothing runs on its streams, the memory goes with it */
+        pthread_mutex_lock(&g_lock);
+        alloc_rec *r = rec_find(ptr, 0);
+        int mine = r && r->dev == (uintptr_t)ptr && r->pooled && !r->freeing;
+        if (mine)
+            rec_drop(r);
+        pthread_mutex_unlock(&g_lock);
+        if (mine) {
+            free(r->host);
+            free(r);
+        }
+        return fail(sticky);
+    }
+    fstream *s = stream;
+    pthread_mutex_lock(&g_lock);
+    if (!s || !stream_live(s)) {
+        g_gl.bad_handles++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(E_INVALID_RESOURCE_HANDLE);
+    }
+    alloc_rec *r = rec_find(ptr, 0);
+    op *o = r && r->dev == (uintptr_t)ptr && r->pooled && !r->freeing ? calloc(1, sizeof *o) : NULL;
+    if (!o) {
+        g_st[t_dev].bad_frees++;
+        pthread_mutex_unlock(&g_lock);
+        return fail(E_INVALID_VALUE);
+    }
+    r->freeing = 1;
+    g_st[r->device].used -= r->rounded;
+    o->kind = OP_FREE;
+    o->rec[0] = r;
+    enqueue(s, o);
+    pthread_mutex_unlock(&g_lock);
+    return E_SUCCESS;
 }
 
 API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *stream)
@@ -559,9 +736,9 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void
         err = E_INVALID_MEMCPY_DIRECTION;
     if (!err) {
         int dst_dev = kind == K_H2D || kind == K_D2D, src_dev = kind == K_D2H || kind == K_D2D;
-        if (dst_dev ? !(rd = rec_find(dst, count)) : looks_device(dst))
+        if (dst_dev ? !(rd = rec_find(dst, count)) || rd->freeing : looks_device(dst))
             err = E_INVALID_VALUE;
-        if (!err && (src_dev ? !(rs = rec_find(src, count)) : looks_device(src)))
+        if (!err && (src_dev ? !(rs = rec_find(src, count)) || rs->freeing : looks_device(src)))
             err = E_INVALID_VALUE;
     }
     if (err) {

@@ -8,11 +8,14 @@
  *   FAKE_CUDA_DEVICES=N      device count (default 1; 0: cudaGetDeviceCount fails, no device)
  *   FAKE_CUDA_MEM=SIZE       memory of each device (default 2GiB; suffixes K/M/G, KiB/MiB/GiB)
  *   FAKE_CUDA_DELAY_US=N     each copy waits N microseconds on its stream's worker first
- *   FAKE_CUDA_FAIL_MALLOC=N  the N-th cudaMalloc fails with cudaErrorMemoryAllocation
+ *   FAKE_CUDA_FAIL_MALLOC=N  the N-th cudaMalloc (or cudaMallocFromPoolAsync) fails with
+ *                            cudaErrorMemoryAllocation
  *   FAKE_CUDA_FAIL_COPY=N[:async|:sync|:sticky]  the N-th cudaMemcpyAsync fails (see
  *                            FAKECUDA_FAIL_*; async by default)
  *   FAKE_CUDA_FAIL_HOST_ALLOC=N  the N-th cudaHostAlloc fails with cudaErrorMemoryAllocation
  *   FAKE_CUDA_NO_REGISTER=1  every cudaHostRegister fails with cudaErrorNotSupported
+ *   FAKE_CUDA_NO_POOL=1      every cudaMemPoolCreate fails with cudaErrorNotSupported (ferry then
+ *                            uses cudaMalloc and cudaFree); read at each call
  *   FAKE_CUDA_POISON=0|1     fill fresh device memory with 0xA5 (default 1)
  *   FAKE_CUDA_REPORT=1       print one line of counters to stderr at exit ("fake_cudart: exit:
  *                            live_allocs=0 ..."), so a CLI test can check what a process left
@@ -37,7 +40,9 @@ enum {
 typedef struct fakecuda_stats {
     uint64_t mallocs;           /* successful cudaMalloc */
     uint64_t malloc_failures;   /* refused (capacity, injected, host memory) */
-    uint64_t frees;             /* successful cudaFree of an allocation */
+    uint64_t frees;             /* allocations freed (cudaFree, or a cudaFreeAsync its stream ran) */
+    uint64_t synced_frees;      /* of which by cudaFree, which waited for the device to be idle */
+    uint64_t async_frees;       /* of which by cudaFreeAsync, in stream order */
     uint64_t bad_frees;         /* cudaFree of what is not an allocation */
     uint64_t live_allocs;       /* allocations not yet freed */
     uint64_t used;              /* bytes allocated (sizes rounded up to 256) */
@@ -58,7 +63,7 @@ typedef struct fakecuda_stats {
     uint64_t register_refusals; /* refused: overlapping, injected, not supported */
     uint64_t bad_unregisters;   /* cudaHostUnregister of what is not registered */
     uint64_t live_registered, live_registered_bytes;
-    uint64_t live_streams, live_events;
+    uint64_t live_streams, live_events, live_pools;
     uint64_t bad_handles;       /* calls with a stream or event that is not live */
     uint64_t stream_waits;      /* cudaStreamWaitEvent calls accepted */
     uint64_t kernels;           /* fakecuda_launch calls accepted */

@@ -59,7 +59,7 @@ static void check_clean(const char *when)
              s.live_streams == 0 && s.live_events == 0 && s.copies_refused == g_refused &&
              s.foreign_copies == 0 && s.free_while_queued == 0 && s.bad_frees == 0 &&
              s.bad_host_frees == g_bad_host_frees && s.bad_handles == 0 && s.copies_done == s.copies &&
-             s.live_registered == 0 && s.bad_unregisters == 0;
+             s.live_registered == 0 && s.bad_unregisters == 0 && s.live_pools == 0;
     if (!ok)
         fprintf(stderr,
                 "%s: live allocs %" PRIu64 " (%" PRIu64 " bytes), pinned %" PRIu64
@@ -417,6 +417,7 @@ typedef struct cuda_setup {
     ferry_dtype convert;  /* staged as this type; 0: as stored */
     uint64_t host_budget; /* 0: the default */
     int no_schedule;      /* no prefetch, not even in file order before a schedule */
+    int no_pool;          /* the runtime refuses memory pools: cudaMalloc and cudaFree */
 } cuda_setup;
 
 /* A manager set up as S with every tensor in one group, its device's index in *DEV and its
@@ -447,6 +448,9 @@ static void stream_one(const cuda_setup *c)
 {
     int dev;
     layers L;
+    if (c->no_pool)
+        setenv("FAKE_CUDA_NO_POOL", "1", 1);
+    fakecuda_stats s0 = stats(0);
     ferry *f = cuda_manager(c, &dev, &L);
     ferry_device_info di;
     CHECK_EQ_INT(ferry_get_device_info(f, dev, &di), 0);
@@ -478,20 +482,34 @@ static void stream_one(const cuda_setup *c)
     CHECK(s.bytes_h2d >= model);
     free(L.t);
     ferry_destroy(f);
+    unsetenv("FAKE_CUDA_NO_POOL");
+    /* Device memory is freed in the copy stream's order, never by cudaFree, which would wait
+     * for the whole device; without memory pools, by cudaFree. */
+    s = stats(0);
+    uint64_t synced = s.synced_frees - s0.synced_frees, async = s.async_frees - s0.async_frees;
+    CHECK(s.frees > s0.frees);
+    CHECK_EQ_INT(synced + async, s.frees - s0.frees);
+    CHECK_EQ_INT(c->no_pool ? async : synced, 0);
     check_clean("stream");
 }
 
 static void manager_stream(void)
 {
     static const cuda_setup cases[] = {
-        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_READ, 2 * MiB, 0, 0, 0},
-        {g_gguf, FERRY_HOME_HOST, FERRY_LOAD_MMAP, 2 * MiB, 0, 0, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_DIRECT, 2 * MiB, 0, 0, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_AUTO, 0, 0, 0, 0},
-        {g_gguf, FERRY_HOME_DEVICE, FERRY_LOAD_READ, 0, 0, 0, 0},
-        {g_gguf, FERRY_HOME_DISK, FERRY_LOAD_READ, 4 * MiB, FERRY_DTYPE_F32, 0, 0},
-        {g_st, FERRY_HOME_HOST, FERRY_LOAD_AUTO, 2 * MiB, 0, 0, 0},
-        {g_q8, FERRY_HOME_DISK, FERRY_LOAD_READ, 0, FERRY_DTYPE_F16, 0, 0},
+        {.model = g_gguf, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .budget = 2 * MiB},
+        {.model = g_gguf, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_MMAP, .budget = 2 * MiB},
+        {.model = g_gguf, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_DIRECT, .budget = 2 * MiB},
+        {.model = g_gguf, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_AUTO},
+        {.model = g_gguf, .home = FERRY_HOME_DEVICE, .load = FERRY_LOAD_READ},
+        {.model = g_gguf, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ, .budget = 4 * MiB,
+         .convert = FERRY_DTYPE_F32},
+        {.model = g_st, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_AUTO, .budget = 2 * MiB},
+        {.model = g_q8, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ,
+         .convert = FERRY_DTYPE_F16},
+        {.model = g_gguf, .home = FERRY_HOME_HOST, .load = FERRY_LOAD_READ, .budget = 2 * MiB,
+         .no_pool = 1},
+        {.model = g_gguf, .home = FERRY_HOME_DISK, .load = FERRY_LOAD_DIRECT, .budget = 2 * MiB,
+         .no_pool = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         stream_one(&cases[i]);
@@ -896,8 +914,16 @@ static void cli(void)
     rc = run("run '%s' --device cuda:0 --passes 1 --quiet", g_gguf);
     unsetenv("FAKE_CUDA_FAIL_MALLOC");
     CHECK_EQ_INT(rc, 1);
-    CHECK(strstr(err_text, "cudaMalloc of ") && strstr(err_text, "out of memory"));
+    CHECK(strstr(err_text, "cudaMallocFromPoolAsync of ") && strstr(err_text, "out of memory"));
     check_report("malloc failure");
+    setenv("FAKE_CUDA_FAIL_MALLOC", "2", 1);
+    setenv("FAKE_CUDA_NO_POOL", "1", 1);
+    rc = run("run '%s' --device cuda:0 --passes 1 --quiet", g_gguf);
+    unsetenv("FAKE_CUDA_NO_POOL");
+    unsetenv("FAKE_CUDA_FAIL_MALLOC");
+    CHECK_EQ_INT(rc, 1);
+    CHECK(strstr(err_text, "cudaMalloc of ") && strstr(err_text, "out of memory"));
+    check_report("malloc failure without pools");
     /* no device at all: a plain refusal */
     setenv("FAKE_CUDA_DEVICES", "0", 1);
     rc = run("run '%s' --device cuda:0 --quiet", g_gguf);

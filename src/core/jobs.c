@@ -56,7 +56,10 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
     }
     ferry_device *d = f->devs[c->dev].d;
     void *p = NULL;
+    double ta = ferry__tracing(f) ? ferry__now() : 0;
     int rc = d->ops->alloc(d, c->mem.size, &p);
+    if (ta)
+        ferry__trace_addf(f, "memory", ta, ferry__now(), "allocate %s", t->info.name);
     char msg[256];
     if (rc)
         return ferry__fail(e, rc, "%s: tensor '%s': cannot allocate %llu bytes: %s",

@@ -69,7 +69,10 @@ static uint64_t body_of(uint64_t size)
 static void dev_free(ferry *f, int dev, void *base)
 {
     ferry_device *d = f->devs[dev].d;
+    double t0 = ferry__tracing(f) ? ferry__now() : 0;
     d->ops->free(d, base);
+    if (t0)
+        ferry__trace_addf(f, "memory", t0, ferry__now(), "free on %s", f->devs[dev].p.name);
 }
 
 /* Frees pooled buffers, largest first (fewest frees for the room asked), until WANT_FREE bytes

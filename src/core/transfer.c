@@ -210,6 +210,7 @@ static int transfer_registered(const ferry__xfer_env *env, ferry__loader_ctx *lc
             return ferry__fail(e, rc, "%s: tensor '%s': out of memory for staging buffers",
                                env->dev_name, t->info.name);
     }
+    double t_issue = env->trace ? ferry__now() : 0;
     for (int k = 0; k < 3 && !rc; k++) {
         if (!len[k])
             continue;
@@ -229,12 +230,17 @@ static int transfer_registered(const ferry__xfer_env *env, ferry__loader_ctx *lc
         issued++;
         ferry__add_stat(env->bytes_copied, len[k]);
     }
+    double tw = env->trace ? ferry__now() : 0;
+    if (tw)
+        env->trace(env->trace_ud, "device", t_issue, tw, "issue %s", t->info.name);
     for (int k = 0; k < issued; k++) {
         int wrc = d->ops->wait(d, ticket[k]);
         if (wrc && !rc)
             rc = ferry__fail(e, wrc, "%s: tensor '%s': copy to device failed: %s", env->dev_name,
                              t->info.name, ferry__device_errmsg(d, msg, sizeof msg));
     }
+    if (tw)
+        env->trace(env->trace_ud, "device", tw, ferry__now(), "wait %s", t->info.name);
     return rc;
 }
 

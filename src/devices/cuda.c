@@ -9,7 +9,13 @@
  * stream (NULL) that the engine's stream waits on (cudaStreamWaitEvent), and the engine's records
  * that ferry queries before it reuses memory the engine's kernels read.
  * Events come from a per-device pool. Copies are issued one at a time (the submit lock), so tickets
- * grow in stream order. The runtime's "current device" is per thread: every operation sets it first.
+ * grow in stream order. Device memory comes from a memory pool of the device's own, allocated and
+ * freed in the copy stream's order (cudaMallocFromPoolAsync, cudaFreeAsync; CUDA 11.2): cudaFree
+ * waits until the whole device is idle, and a stream whose budget keeps memory changing hands
+ * would drain the copy engine at every free. The pool keeps no memory freed beyond the next
+ * synchronization (its release threshold is 0), so what ferry holds on the device is what its
+ * budget counts. Without the pool functions, or where the pool cannot be made, cudaMalloc and
+ * cudaFree. The runtime's "current device" is per thread: every operation sets it first.
  * Pinned staging memory is portable and cached across devices (see "pinned host memory").
  * Tested without a GPU against tests/fake_cudart.c (test_cuda_fake), which models the runtime's
  * asynchrony and its device addresses that the host cannot read.
@@ -38,6 +44,21 @@ typedef int cuda_err;               /* cudaError_t; 0 is cudaSuccess */
 #define CUDA_HOST_REGISTER_PORTABLE 1u  /* cudaHostRegisterPortable */
 #define CUDA_HOST_REGISTER_READ_ONLY 8u /* cudaHostRegisterReadOnly (CUDA 11.1) */
 #define CUDA_ALIGN 256               /* cudaMalloc returns at least 256-byte aligned memory */
+#define CUDA_MEM_ALLOCATION_PINNED 1 /* cudaMemAllocationTypePinned */
+#define CUDA_MEM_LOCATION_DEVICE 1   /* cudaMemLocationTypeDevice */
+
+/* cudaMemPoolProps: the fields ferry sets, then what the runtime reserves (zero); the same 88
+ * bytes from CUDA 11.2 (reserved[64]) to 13 (maxSize, usage, reserved[54]). */
+typedef struct cuda_pool_props {
+    int alloc_type;
+    int handle_types;
+    struct {
+        int type;
+        int id;
+    } location;
+    void *win32_security_attributes;
+    unsigned char reserved[64];
+} cuda_pool_props;
 
 typedef struct cudart {
     cuda_err (*GetDeviceCount)(int *);
@@ -61,6 +82,11 @@ typedef struct cudart {
     cuda_err (*HostUnregister)(void *);
     const char *(*GetErrorString)(cuda_err);
     cuda_err (*GetLastError)(void);
+    /* optional, all four or none: the stream-ordered allocator */
+    cuda_err (*MemPoolCreate)(void **, const cuda_pool_props *);
+    cuda_err (*MemPoolDestroy)(void *);
+    cuda_err (*MallocFromPoolAsync)(void **, size_t, void *, void *);
+    cuda_err (*FreeAsync)(void *, void *);
 } cudart;
 
 /* Loaded once per process and never unloaded (the runtime does not survive dlclose well). */
@@ -131,6 +157,12 @@ static void rt_load(void)
     if (ferry__dlsym_fn(lib, "cudaHostRegister", &rt.HostRegister, sizeof rt.HostRegister) ||
         ferry__dlsym_fn(lib, "cudaHostUnregister", &rt.HostUnregister, sizeof rt.HostUnregister))
         rt.HostRegister = NULL, rt.HostUnregister = NULL;
+    if (ferry__dlsym_fn(lib, "cudaMemPoolCreate", &rt.MemPoolCreate, sizeof rt.MemPoolCreate) ||
+        ferry__dlsym_fn(lib, "cudaMemPoolDestroy", &rt.MemPoolDestroy, sizeof rt.MemPoolDestroy) ||
+        ferry__dlsym_fn(lib, "cudaMallocFromPoolAsync", &rt.MallocFromPoolAsync,
+                        sizeof rt.MallocFromPoolAsync) ||
+        ferry__dlsym_fn(lib, "cudaFreeAsync", &rt.FreeAsync, sizeof rt.FreeAsync))
+        rt.MemPoolCreate = NULL;
     rt_ok = 1;
 }
 
@@ -149,6 +181,7 @@ typedef struct cuda_device {
     ferry__devbase base; /* first: a cuda_device * is a ferry_device * */
     int ordinal;
     void *stream;
+    void *pool; /* the device memory pool (stream-ordered), or NULL: cudaMalloc and cudaFree */
     /* Held while a copy and its event are put on the stream, so that tickets follow the stream's
      * order. Not held by wait: cudaMemcpyAsync from pageable memory returns only once the
      * runtime has staged the bytes, and a wait must not queue behind that. Order: submit, lock. */
@@ -178,6 +211,8 @@ static void cuda_destroy(ferry_device *d)
         rt.EventDestroy(c->pending[i].event);
     for (size_t i = 0; i < c->nevents; i++)
         rt.EventDestroy(c->events[i]);
+    if (c->pool)
+        rt.MemPoolDestroy(c->pool); /* after the stream's frees: nothing of it is left */
     rt.StreamDestroy(c->stream);
     free(c->pending);
     free(c->events);
@@ -197,13 +232,18 @@ static int cuda_alloc(ferry_device *d, uint64_t size, void **ptr)
                                   FERRY__DP(d).name, size, FERRY__DP(d).max_alloc);
     cuda_err e = set_dev(c);
     void *p = NULL;
-    if (!e)
+    /* In the copy stream's order: the copies that fill it are queued after it on that stream,
+     * and the engine's streams see it through the events that hand those copies over. */
+    if (!e && c->pool)
+        e = rt.MallocFromPoolAsync(&p, (size_t)(size ? size : 1), c->pool, c->stream);
+    else if (!e)
         e = rt.Malloc(&p, (size_t)(size ? size : 1));
     if (e) {
         rt.GetLastError(); /* clear it, so later calls do not report it */
         char a[32];
         return ferry__device_fail(d, e == CUDA_ERR_MEMORY_ALLOCATION ? FERRY_ENOMEM : FERRY_EDEVICE,
-                                  "%s: cudaMalloc of %s failed: %s", FERRY__DP(d).name,
+                                  "%s: %s of %s failed: %s", FERRY__DP(d).name,
+                                  c->pool ? "cudaMallocFromPoolAsync" : "cudaMalloc",
                                   ferry__fmt_size(size, a), cuda_str(e));
     }
     *ptr = p;
@@ -216,11 +256,15 @@ static void cuda_free(ferry_device *d, void *ptr)
     if (!ptr)
         return;
     cuda_err e = set_dev(c);
+    /* After the copies queued before it; the engine is done with it (a release, or a fence whose
+     * event completed), so no other stream still reads it. */
     if (!e)
-        e = rt.Free(ptr);
-    if (e)
-        ferry__device_fail(d, FERRY_EDEVICE, "%s: cudaFree(%p) failed: %s", FERRY__DP(d).name, ptr,
-                           cuda_str(e));
+        e = c->pool ? rt.FreeAsync(ptr, c->stream) : rt.Free(ptr);
+    if (e) {
+        rt.GetLastError();
+        ferry__device_fail(d, FERRY_EDEVICE, "%s: %s(%p) failed: %s", FERRY__DP(d).name,
+                           c->pool ? "cudaFreeAsync" : "cudaFree", ptr, cuda_str(e));
+    }
 }
 
 static int cuda_copy(ferry_device *d, int kind, void *dst, const void *src, uint64_t n,
@@ -728,6 +772,17 @@ int ferry__cuda_open(const char *spec, int ordinal, ferry_device **out, char *er
         rt.GetLastError();
         free(c);
         FAIL(FERRY_EDEVICE, "%s unavailable: cudaStreamCreateWithFlags: %s", spec, cuda_str(e));
+    }
+    if (rt.MemPoolCreate) {
+        cuda_pool_props props;
+        memset(&props, 0, sizeof props);
+        props.alloc_type = CUDA_MEM_ALLOCATION_PINNED;
+        props.location.type = CUDA_MEM_LOCATION_DEVICE;
+        props.location.id = ordinal;
+        if (rt.MemPoolCreate(&c->pool, &props)) {
+            rt.GetLastError(); /* cudaMalloc and cudaFree then */
+            c->pool = NULL;
+        }
     }
     pthread_mutex_init(&c->submit, NULL);
     pthread_mutex_init(&c->lock, NULL);
