@@ -543,8 +543,32 @@ static void test_huge_page_advice(void)
     ferry_destroy(f);
 }
 
+/* The tail rule, from its definition: the tail's pages moved cost at most 0.25 ms, in 16 KiB
+ * steps from 16 KiB to 1 MiB; and the probe behind it. */
+static void test_tail_rule(void)
+{
+    CHECK_EQ_INT(ferry__stitch_tail_for(0), 1 << 20);
+    CHECK_EQ_INT(ferry__stitch_tail_for(1e-9), 1 << 20);  /* 250,000 pages allowed: capped */
+    CHECK_EQ_INT(ferry__stitch_tail_for(0.25e-3 / 256), 1 << 20); /* 256 pages: 1 MiB exactly */
+    CHECK_EQ_INT(ferry__stitch_tail_for(3.4e-6), 288 << 10); /* 73 pages, 292 KiB: 18 steps */
+    CHECK_EQ_INT(ferry__stitch_tail_for(7e-6), 128 << 10);   /* 35 pages, 140 KiB: 8 steps */
+    CHECK_EQ_INT(ferry__stitch_tail_for(1e-3), 16 << 10);    /* not a whole page: the least */
+    double c = ferry__cpu_move_cost();
+    CHECK(c >= 0 && c < 1e-3);
+    CHECK(ferry__cpu_move_cost() == c); /* measured once */
+    fprintf(stderr, "tail rule: moving a page costs %.2f us here; tails up to %llu KiB (this "
+                    "test runs with FERRY_STITCH_TAIL=%s)\n",
+            c * 1e6, (unsigned long long)(ferry__stitch_tail_for(c) >> 10),
+            getenv("FERRY_STITCH_TAIL"));
+    CHECK_EQ_INT(ferry__stitch_tail_max(), 1 << 20);
+}
+
 int main(void)
 {
+    /* the tests below check blocks against the 1 MiB tail (on a machine where moving a page
+     * costs, the rule gives less): set before the first block is sized */
+    setenv("FERRY_STITCH_TAIL", "1MiB", 1);
+    test_tail_rule();
     const char *dir = check_tmpdir("hostpool");
     fixture_tensor ts[64];
     /* f32, dim 256, ff 704: blocks of 256 KiB .. 2 MiB, each size different from its neighbours */

@@ -58,6 +58,7 @@ typedef struct ferry__mem {
     void *base;       /* what the device allocated (NULL: none) */
     uint64_t size;    /* bytes accounted to the device */
     ferry__arena *arena; /* base lies in this arena (a reference), not allocated by the device */
+    int moved;        /* host pages moved here by a stitch, or fresh: touched before use */
 } ferry__mem;
 
 typedef enum ferry__state {
@@ -544,6 +545,13 @@ void ferry__arena_trim(const void *ptr, uint64_t n);
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m);
 void ferry__drop_copy(ferry *f, ferry_tensor *t, ferry__copy *c);
 void ferry__pool_trim(ferry *f, int dev, uint64_t want_free);
+/* The longest tail of small pages a stitched host block of 2 MiB or more ends with (the rest takes
+ * one more 2 MiB page): FERRY_STITCH_TAIL where set, else ferry__stitch_tail_for the measured cost
+ * of moving a page (ferry__cpu_move_cost); decided once per process. */
+uint64_t ferry__stitch_tail_max(void);
+/* The rule: tails whose pages cost at most 0.25 ms to move, in steps of 16 KiB from 16 KiB to
+ * 1 MiB (1 MiB where a move costs nothing); MOVE_COST in seconds a page. */
+uint64_t ferry__stitch_tail_for(double move_cost);
 /* Puts T in its comp device's evictable set or takes it out, as its comp copy now qualifies: call
  * after a change of T's references or of comp's state. O(1). */
 void ferry__evictable_note(ferry *f, ferry_tensor *t);

@@ -47,11 +47,31 @@ int ferry__read_range(ferry *f, const ferry_tensor *t, uint64_t off, uint64_t le
 
 /* ---- jobs ------------------------------------------------------------------------------------- */
 
+/* Reads a byte of every page of C's block, whose pages a stitch moved (or mapped fresh), where
+ * moving a page costs its first access (ferry__cpu_move_cost above 1 us: a virtual machine whose
+ * hypervisor shadows the guest's page tables traps once per moved page): that access had better
+ * be the loader's, while the engine computes, than the engine's own in its products. */
+#define FERRY__TOUCH_MOVE_COST 1e-6
+static void touch_moved(ferry *f, const ferry__copy *c, const ferry_tensor *t)
+{
+    double t0 = ferry__tracing(f) ? ferry__now() : 0;
+    const volatile unsigned char *q = c->mem.base;
+    unsigned char sum = 0;
+    for (uint64_t off = 0; off < c->mem.size; off += 4096)
+        sum ^= q[off];
+    (void)sum;
+    if (t0)
+        ferry__trace_addf(f, "memory", t0, ferry__now(), "touch %s", t->info.name);
+}
+
 static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                       const ferry_tensor *t)
 {
     if (c->mem.base) {
         c->ptr = (unsigned char *)c->mem.base + head;
+        if (c->mem.moved && ferry__host_side(f, c->dev) &&
+            ferry__cpu_move_cost() > FERRY__TOUCH_MOVE_COST)
+            touch_moved(f, c, t);
         return 0;
     }
     ferry_device *d = f->devs[c->dev].d;

@@ -22,6 +22,7 @@
  * block or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh
  * page once the budget's worth has been touched.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +38,47 @@ static int pool_fits(uint64_t size, uint64_t need)
 }
 
 /* The longest tail of small pages a block of 2 MiB or more ends with (stitched_size): a longer
- * rest takes one more whole 2 MiB page. Up to here the budget a tail saves (what the 2 MiB page
- * would hold beyond it) is at least the fresh memory it may cost. */
+ * rest takes one more whole 2 MiB page. A tail saves budget (what the 2 MiB page would hold beyond
+ * it, read again every pass that budget could have kept) and costs what its pages cost when they
+ * move: a stitch moves them, and where moving a page costs its first access later
+ * (ferry__cpu_move_cost), the tail's pages together may cost at most STITCH_TAIL_COST, about the
+ * time 2 MiB takes to read at 8 GB/s. Up to 1 MiB (where moves cost nothing, the budget a tail
+ * saves is then at least the fresh memory it may cost), at least 16 KiB (a tensor's data off a
+ * 4 KiB boundary reads one page more than its bytes, and that page is a tail). */
 #define STITCH_TAIL_MAX (UINT64_C(1) << 20)
+#define STITCH_TAIL_MIN (UINT64_C(16) << 10)
+#define STITCH_TAIL_COST 0.25e-3
+
+uint64_t ferry__stitch_tail_for(double move_cost)
+{
+    if (!(move_cost > 0))
+        return STITCH_TAIL_MAX;
+    double pages = STITCH_TAIL_COST / move_cost;
+    if (pages >= (double)(STITCH_TAIL_MAX / 4096))
+        return STITCH_TAIL_MAX;
+    uint64_t tail = (uint64_t)pages * 4096 & ~(STITCH_TAIL_MIN - 1); /* steady from run to run */
+    return tail < STITCH_TAIL_MIN ? STITCH_TAIL_MIN : tail;
+}
+
+static uint64_t tail_max_v;
+static pthread_once_t tail_max_once = PTHREAD_ONCE_INIT;
+
+static void tail_max_init(void)
+{
+    /* FERRY_STITCH_TAIL=SIZE: the rule's result, for tuning and tests (0 to 1 MiB) */
+    const char *env = getenv("FERRY_STITCH_TAIL");
+    uint64_t v;
+    if (env && *env && ferry__parse_size(env, &v) == 0 && v <= STITCH_TAIL_MAX)
+        tail_max_v = v & ~(uint64_t)4095;
+    else
+        tail_max_v = ferry__stitch_tail_for(ferry__cpu_move_cost());
+}
+
+uint64_t ferry__stitch_tail_max(void)
+{
+    pthread_once(&tail_max_once, tail_max_init);
+    return tail_max_v;
+}
 
 static uint64_t round_up_4k(uint64_t size)
 {
@@ -48,7 +87,8 @@ static uint64_t round_up_4k(uint64_t size)
 
 /* The size of a block reserve stitches from pooled pages for a request of SIZE (below 2^64 - 4
  * KiB): what the cpu device maps anyway (4 KiB pages); from 2 MiB up whole 2 MiB pages (the body)
- * and a tail of small pages where the rest is at most STITCH_TAIL_MAX, else one more 2 MiB page.
+ * and a tail of small pages where the rest is at most ferry__stitch_tail_max(), else one more 2 MiB
+ * page.
  * The pooled blocks of 2 MiB and more are whole 2 MiB pages (pool_put gives their tails back) so
  * that stitching moves huge pages whole instead of splitting them; a tensor whose data does not
  * start on a 4 KiB boundary reads one page more than its bytes, and that page is a tail. */
@@ -57,7 +97,7 @@ static uint64_t stitched_size(uint64_t size)
     if (size < FERRY__HUGE_PAGE || size > UINT64_MAX - FERRY__HUGE_PAGE)
         return round_up_4k(size);
     uint64_t body = size & ~(FERRY__HUGE_PAGE - 1), tail = round_up_4k(size - body);
-    return tail <= STITCH_TAIL_MAX ? body + tail : body + FERRY__HUGE_PAGE;
+    return tail <= ferry__stitch_tail_max() ? body + tail : body + FERRY__HUGE_PAGE;
 }
 
 /* The whole 2 MiB pages of a block of SIZE (SIZE itself below 2 MiB). */
@@ -663,6 +703,7 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
         D->peak = D->used;
     out->base = base;
     out->size = got;
+    out->moved = n > 1 || sum < need; /* else a cut of one block, its pages where they were */
     return 1;
 }
 

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #define CPU_ALIGN 4096
 /* Largest single allocation: what a pointer difference can hold; the OS refuses sooner. */
@@ -434,6 +435,71 @@ static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst, uint64_t 
     return 0;
 }
 #endif
+
+static double move_cost_s;
+static pthread_once_t move_cost_once = PTHREAD_ONCE_INIT;
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Reads a byte of each of N pages at P; the time it took. */
+static double read_pages(const unsigned char *p, size_t n)
+{
+    const volatile unsigned char *q = p;
+    unsigned char x = 0;
+    double t0 = mono_now();
+    for (size_t i = 0; i < n; i++)
+        x ^= q[i * 4096];
+    (void)x;
+    return mono_now() - t0;
+}
+
+static void move_cost_measure(void)
+{
+#ifdef __linux__
+    enum { PAGES = 64 };
+    const size_t len = PAGES * 4096;
+    double best = -1;
+    for (int rep = 0; rep < 3; rep++) {
+        unsigned char *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                -1, 0);
+        unsigned char *b = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED || b == MAP_FAILED) {
+            if (a != MAP_FAILED)
+                munmap(a, len);
+            if (b != MAP_FAILED)
+                munmap(b, len);
+            break;
+        }
+#ifdef MADV_NOHUGEPAGE
+        (void)madvise(a, len, MADV_NOHUGEPAGE);
+#endif
+        memset(a, 1, len);
+        double plain = read_pages(a, PAGES);
+        if (mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, b) == MAP_FAILED) {
+            munmap(a, len);
+            munmap(b, len);
+            break;
+        }
+        double moved = read_pages(b, PAGES);
+        munmap(b, len);
+        double c = moved > plain ? (moved - plain) / PAGES : 0;
+        if (best < 0 || c < best)
+            best = c;
+    }
+    move_cost_s = best > 0 ? best : 0;
+#endif
+}
+
+double ferry__cpu_move_cost(void)
+{
+    pthread_once(&move_cost_once, move_cost_measure);
+    return move_cost_s;
+}
 
 int ferry__cpu_stitch(ferry_device *d, void *const *parts, size_t n, uint64_t need, void **out,
                       uint64_t *out_size, void **rest, uint64_t *rest_size, int *gone)

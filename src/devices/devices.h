@@ -74,6 +74,12 @@ void ferry__cpu_set_reuse(ferry_device *d, int reuse);
  * ones come from the heap and cannot be stitched); then *SIZE is its size (a multiple of 4 KiB)
  * and *SEGMENTS the number of kernel mappings it may span. 0 otherwise, or when D is not cpu. */
 int ferry__cpu_block(ferry_device *d, const void *p, uint64_t *size, uint32_t *segments);
+/* Seconds the first access to a 4 KiB page costs after mremap moved it, beyond what reading it
+ * costs: measured once per process (64 pages, the best of 3), 0 where pages cannot be moved. On
+ * most machines next to nothing (the page-table entries move with the page); on a virtual machine
+ * whose hypervisor shadows the guest's page tables each moved page traps once (about 7 us). */
+double ferry__cpu_move_cost(void);
+
 /* Makes one block of NEED bytes (rounded up to 4 KiB) out of the mapped blocks PARTS[0..N) of the
  * cpu device D (N <= 64), without copying or faulting their pages: their pages first, in order,
  * then fresh pages when they hold fewer than NEED bytes. Only the last part may reach past NEED;
