@@ -240,6 +240,7 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     m->base = NULL;
     m->size = 0;
     m->arena = NULL;
+    m->moved = 0;
 }
 
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
@@ -713,6 +714,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     ferry__dev *D = &f->devs[dev];
     out->base = NULL;
     out->size = 0;
+    out->moved = 0;
     int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
                  ferry__device_has_reuse(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
     if (stitch) /* whole huge pages: 4 KiB-granular blocks cut and joined would split them */
