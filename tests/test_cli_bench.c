@@ -206,6 +206,27 @@ static void test_device(const char *model_path)
         double bound = jnum(jget(s, "bound_seconds_per_pass"));
         double opt = jnum(jget(s, "optimal_bytes_per_pass"));
         CHECK(fabs(bound - opt / 4e9) <= 1e-9 * bound);
+        CHECK(jnum(jget(s, "link_gbps")) == 4); /* the spec's */
+        const ferry__json *m = jget(s, "link_measured");
+        CHECK(m && m->type == FERRY__JSON_BOOL && !m->b);
+    }
+    ferry__json_free(&doc);
+    /* a spec without a bandwidth (as cuda:0): the link is measured, and the bound is its time */
+    CHECK_EQ_INT(run("bench --quick --json --streams --device sim:256MiB '%s'", model_path), 0);
+    rc = parse_stdout(&doc);
+    CHECK_EQ_INT(rc, 0);
+    if (rc)
+        return;
+    ds = jget(&doc, "device_stream");
+    CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
+    if (ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1) {
+        const ferry__json *s = &ds->items[0];
+        const ferry__json *m = jget(s, "link_measured");
+        CHECK(m && m->type == FERRY__JSON_BOOL && m->b);
+        double link = positive(s, "link_gbps") * 1e9;
+        double bound = jnum(jget(s, "bound_seconds_per_pass"));
+        double opt = jnum(jget(s, "optimal_bytes_per_pass"));
+        CHECK(fabs(bound - opt / link) <= 1e-6 * bound);
     }
     ferry__json_free(&doc);
 }
@@ -304,8 +325,13 @@ static void test_usage(const char *model_path)
     CHECK_EQ_INT(run("bench --runs 0 '%s'", model_path), 2);
     CHECK_EQ_INT(run("bench --threads 0 '%s'", model_path), 2);
     CHECK(strstr(err_text, "--threads") != NULL);
-    CHECK_EQ_INT(run("bench --device sim:64MiB '%s'", model_path), 2);
+    CHECK_EQ_INT(run("bench --device sim:64MiB@fastGB/s '%s'", model_path), 2);
     CHECK(strstr(err_text, "bandwidth") != NULL);
+    /* a device whose link cannot be measured (it does not open): said before anything runs */
+    setenv("FERRY_CUDART", "/nonexistent/libcudart.so", 1);
+    CHECK_EQ_INT(run("bench --device cuda:0 '%s'", model_path), 1);
+    unsetenv("FERRY_CUDART");
+    CHECK(strstr(err_text, "cuda:0") != NULL && strstr(err_text, "FERRY_CUDART") != NULL);
     CHECK_EQ_INT(run("bench '%s' '%s'", model_path, model_path), 2);
     CHECK_EQ_INT(run("bench --split sim:64MiB@2GB/s '%s'", model_path), 2);
     CHECK(strstr(err_text, "two devices") != NULL);

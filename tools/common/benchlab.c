@@ -45,6 +45,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,7 @@
 #include <unistd.h>
 
 #include "benchlab.h"
+#include "ferry_device.h"
 #include "layers.h"
 #include "limits.h"
 #include "memcap.h"
@@ -861,6 +863,87 @@ void benchlab_load_average(char *buf, size_t cap)
     if (fscanf(fp, "%lf", &a) == 1)
         snprintf(buf, cap, "%.2f", a);
     fclose(fp);
+}
+
+/* Whether OPS has MEMBER (a device built against an older table ends before it). */
+#define OPS_HAS(ops, member) \
+    ((ops)->size >= offsetof(ferry_device_ops, member) + sizeof((ops)->member) && (ops)->member)
+
+int benchlab_link_bandwidth(const char *spec, double *bw, char *why, size_t why_len)
+{
+    uint64_t chunk = UINT64_C(64) << 20;
+    const int count = 16;
+    ferry_device *d = NULL;
+    void *host[2] = {NULL, NULL}, *dev = NULL;
+    int pinned = 0, rc = -1;
+    *bw = 0;
+    if (ferry_device_open(spec, &d, why, why_len))
+        return -1;
+    const ferry_device_ops *ops = d->ops;
+    uint64_t free_bytes = 0, total = 0; /* a small device: copies of a quarter of what is free */
+    if (OPS_HAS(ops, mem_info) && ops->mem_info(d, &free_bytes, &total) == 0 &&
+        free_bytes / 4 < chunk)
+        chunk = free_bytes / 4 & ~((UINT64_C(1) << 20) - 1);
+    if (!chunk) {
+        snprintf(why, why_len, "%s: under 4 MiB free on the device", spec);
+        ferry_device_close(d);
+        return -1;
+    }
+    pinned = OPS_HAS(ops, host_alloc) && OPS_HAS(ops, host_free);
+    for (int s = 0; s < 2; s++)
+        if (pinned ? ops->host_alloc(d, chunk, &host[s]) != 0
+                   : !(host[s] = malloc((size_t)chunk))) {
+            snprintf(why, why_len, "%s: cannot allocate %llu MiB of %shost memory", spec,
+                     (unsigned long long)(chunk >> 20), pinned ? "pinned " : "");
+            goto out;
+        }
+    if (ops->alloc(d, 2 * chunk, &dev)) {
+        snprintf(why, why_len, "%s: cannot allocate %llu MiB on the device", spec,
+                 (unsigned long long)(2 * chunk >> 20));
+        goto out;
+    }
+    memset(host[0], 1, (size_t)chunk);
+    memset(host[1], 2, (size_t)chunk);
+    for (int rep = 0; rep < 3; rep++) {
+        uint64_t tk[2] = {0, 0};
+        int live[2] = {0, 0}, failed = 0;
+        double t0 = ferry_now();
+        for (int i = 0; i < count + 2 && !failed; i++) {
+            int s = i & 1;
+            if (live[s]) { /* a ticket is waited on once, failed or not */
+                live[s] = 0;
+                failed = ops->wait(d, tk[s]) != 0;
+            }
+            if (i < count && !failed) {
+                failed = ops->copy_h2d(d, (char *)dev + s * chunk, host[s], chunk, &tk[s]) != 0;
+                live[s] = !failed;
+            }
+        }
+        if (failed) {
+            for (int s = 0; s < 2; s++) /* nothing in flight on the buffers freed below */
+                if (live[s])
+                    (void)ops->wait(d, tk[s]);
+            snprintf(why, why_len, "%s: a copy to the device failed", spec);
+            *bw = 0;
+            goto out;
+        }
+        double rate = (double)chunk * count / (ferry_now() - t0);
+        if (rate > *bw)
+            *bw = rate;
+    }
+    rc = 0;
+out:
+    if (dev)
+        ops->free(d, dev);
+    for (int s = 0; s < 2; s++)
+        if (host[s]) {
+            if (pinned)
+                ops->host_free(d, host[s]);
+            else
+                free(host[s]);
+        }
+    ferry_device_close(d);
+    return rc;
 }
 
 int benchlab_spec_bandwidth(const char *spec, double *bw)

@@ -104,7 +104,9 @@ typedef struct benchlab {
     size_t runs;               /* 1 .. BENCHLAB_MAX_RUNS */
     uint32_t passes;           /* 3 .. BENCHLAB_MAX_PASSES */
     const char *device;        /* --device spec or NULL */
-    double device_bw;          /* bytes per second of --device (benchlab_spec_bandwidth) */
+    double device_bw;          /* bytes per second of --device: its spec's (benchlab_spec_bandwidth)
+                                  or measured (benchlab_link_bandwidth) */
+    int device_bw_measured;    /* device_bw was measured, not given by the spec */
     const char *split;         /* --split value or NULL */
     runopts groups;            /* --group: placements of the streamed passes (cmd "bench") */
     uint64_t cap;              /* --cap: also a stream inside a memory cgroup of this size */
@@ -176,6 +178,10 @@ void benchlab_close(benchlab *b);
 /* The bandwidth of a device spec "...@25GB/s" into *BW, bytes per second (0 when it has none):
  * 0, or -1 when the bandwidth does not parse. */
 int benchlab_spec_bandwidth(const char *spec, double *bw);
+/* Measures the link of device SPEC into *BW, bytes per second: 16 copies of 64 MiB (a quarter of
+ * the device's free memory where that is less) from pinned host memory (the device's host_alloc;
+ * plain memory where it has none), two in flight, the best of 3. 0, or -1 with WHY filled when the device cannot be opened or the copies fail. */
+int benchlab_link_bandwidth(const char *spec, double *bw, char *why, size_t why_len);
 
 /* The 1-minute load average ("0.42", "?" when unknown) into BUF. */
 void benchlab_load_average(char *buf, size_t cap);

@@ -364,8 +364,10 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                        r->passes);
             } else if (r->device)
                 printf("\n  streams: compute %s, home host, load auto, device budget; passes "
-                       "2..%u\n",
-                       r->device, r->passes);
+                       "2..%u; link %.2f GB/s (%s)\n",
+                       r->device, r->passes, b->device_bw / 1e9,
+                       b->device_bw_measured ? "measured: pinned host -> device copies"
+                                             : "the spec's");
             else
                 printf("\n  streams: home disk, compute cpu, load auto, host budget, file dropped "
                        "before each pass; passes 2..%u\n",
@@ -493,6 +495,11 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     if (!r->device) {
         cli_json_key(j, "direct_read_gbps_between_passes");
         cli_json_f64(j, r->limit_med);
+    } else if (!r->split) {
+        cli_json_key(j, "link_gbps");
+        cli_json_f64(j, b->device_bw / 1e9);
+        cli_json_key(j, "link_measured");
+        cli_json_bool(j, b->device_bw_measured);
     }
     if (r->split) {
         cli_json_key(j, "bound_definition");
@@ -676,8 +683,9 @@ int cmd_bench(int argc, char **argv)
         "                         stream's first pass, holding no memory, as a program starts\n"
         "                         (default 4, 0 with --quick): a VM that reports free memory to\n"
         "                         its host takes back what the step before freed\n"
-        "  --device SPEC          also stream with compute on SPEC (sim:SIZE@BW), home host,\n"
-        "                         device budget 1/4 of the model: bound (M - B + W) / BW\n"
+        "  --device SPEC          also stream with compute on SPEC (sim:SIZE@BW, cuda:N), home\n"
+        "                         host, device budget 1/4 of the model: bound (M - B + W) / BW,\n"
+        "                         BW the spec's, else the link's measured (pinned copies)\n"
         "  --split SPEC,SPEC[:WEIGHT]  also stream with the 2-D tensors' rows split over these\n"
         "                         devices (as ferry run --split; each sim:SIZE@BW or cpu), home\n"
         "                         host, each device's budget 1/4 of its share M_i: bound =\n"
@@ -760,9 +768,14 @@ int cmd_bench(int argc, char **argv)
             return prc;
         if (benchlab_spec_bandwidth(device, &b.device_bw))
             return cli_usage_error("bench", "--device: bad bandwidth in '%s'", device);
-        if (b.device_bw <= 0)
-            return cli_usage_error("bench", "--device: '%s' gives no bandwidth to judge against "
-                                   "(sim:SIZE@BW)", device);
+        if (b.device_bw <= 0) {
+            /* no bandwidth in the spec (cuda:0): the link's, measured */
+            char why[300] = "";
+            if (benchlab_link_bandwidth(device, &b.device_bw, why, sizeof why) ||
+                b.device_bw <= 0)
+                return cli_fail(device, why[0] ? why : "cannot measure the link", -1);
+            b.device_bw_measured = 1;
+        }
         b.device = device;
     }
     b.split = split;
