@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "devices/devices.h"
+#include "benchlab.h"
 #include "ferry.h"
 #include "ferry_device.h"
 
@@ -33,55 +33,6 @@ static void sleep_s(double s)
         return;
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
-}
-
-/* Best of 3: COUNT copies of CHUNK bytes from pinned host memory, two in flight. */
-static double h2d_bandwidth(const char *spec)
-{
-    char msg[256];
-    ferry_device *d;
-    if (ferry_device_open(spec, &d, msg, sizeof msg)) {
-        fprintf(stderr, "gpu_bench: %s\n", msg);
-        return -1;
-    }
-    const uint64_t chunk = 64ull << 20;
-    const int count = 16;
-    void *host[2] = {0}, *dev = NULL;
-    double best = -1;
-    if (ferry__device_host_alloc(d, chunk, &host[0]) || ferry__device_host_alloc(d, chunk, &host[1]) ||
-        d->ops->alloc(d, chunk * 2, &dev)) {
-        fprintf(stderr, "gpu_bench: cannot allocate on %s\n", spec);
-        goto out;
-    }
-    memset(host[0], 1, chunk);
-    memset(host[1], 2, chunk);
-    for (int rep = 0; rep < 3; rep++) {
-        uint64_t tk[2] = {0, 0};
-        double t0 = now();
-        for (int i = 0; i < count; i++) {
-            int s = i & 1;
-            if (tk[s] && d->ops->wait(d, tk[s]))
-                goto out;
-            if (d->ops->copy_h2d(d, (char *)dev + s * chunk, host[s], chunk, &tk[s]))
-                goto out;
-        }
-        for (int s = 0; s < 2; s++)
-            if (tk[s])
-                d->ops->wait(d, tk[s]);
-        double gbps = chunk * (double)count / (now() - t0) / 1e9;
-        if (gbps > best)
-            best = gbps;
-    }
-out:
-    /* nothing in flight on the buffers freed below, also after a failed copy or wait */
-    d->ops->synchronize(d);
-    if (dev)
-        d->ops->free(d, dev);
-    for (int s = 0; s < 2; s++)
-        if (host[s])
-            ferry__device_host_free(d, host[s]);
-    ferry_device_close(d);
-    return best;
 }
 
 int main(int argc, char **argv)
@@ -106,9 +57,13 @@ int main(int argc, char **argv)
                         "[--trace FILE] MODEL\n");
         return 2;
     }
-    double bw = h2d_bandwidth(spec);
-    if (bw <= 0)
+    double bw;
+    char why[300] = "";
+    if (benchlab_link_bandwidth(spec, &bw, why, sizeof why) || bw <= 0) {
+        fprintf(stderr, "gpu_bench: %s\n", why[0] ? why : "cannot measure the link");
         return 1;
+    }
+    bw /= 1e9;
     ferry *f = ferry_create(NULL);
     int dev;
     if (!f || ferry_add_device(f, spec, &dev) || ferry_open(f, model, NULL)) {
