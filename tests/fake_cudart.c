@@ -85,6 +85,8 @@ typedef struct alloc_rec {
     uint64_t queued; /* queued copies that use it */
     int pooled;      /* from cudaMallocFromPoolAsync */
     int freeing;     /* its cudaFreeAsync is queued: its bytes no longer count in `used` */
+    int orphan;      /* that free ran while another stream's copy still used it: it goes when
+                        the last such copy is done */
 } alloc_rec;
 
 typedef struct fpool {
@@ -345,6 +347,17 @@ static void rec_drop(alloc_rec *r)
     st->frees++;
 }
 
+/* One queued use of R is done; R goes if it was freed meanwhile (an orphan). Lock held. */
+static void rec_unqueue(alloc_rec *r)
+{
+    if (--r->queued || !r->orphan)
+        return;
+    rec_drop(r);
+    g_st[r->device].async_frees++;
+    free(r->host);
+    free(r);
+}
+
 /* ---- the stream worker ----------------------------------------------------------------------- */
 
 static void *stream_main(void *arg)
@@ -383,23 +396,27 @@ static void *stream_main(void *arg)
             if (--o->ev->refs == 0 && o->ev->destroyed)
                 free(o->ev);
         } else if (o->kind == OP_KERNEL) {
-            o->rec[1]->queued--;
+            rec_unqueue(o->rec[1]);
         } else if (o->kind == OP_FREE) {
             alloc_rec *r = o->rec[0];
-            if (r->queued)
+            if (r->queued) {
+                /* another stream's copy still uses it: undefined on a GPU; here it is counted,
+                 * and the memory stays until that copy is done (waiting for it could wait on
+                 * this very stream) */
                 g_st[r->device].free_while_queued++;
-            while (r->queued) /* another stream's copy: undefined on a GPU, waited for here */
-                pthread_cond_wait(&g_done, &g_lock);
-            rec_drop(r);
-            g_st[r->device].async_frees++;
-            pthread_mutex_unlock(&g_lock);
-            free(r->host);
-            free(r);
-            pthread_mutex_lock(&g_lock);
+                r->orphan = 1;
+            } else {
+                rec_drop(r);
+                g_st[r->device].async_frees++;
+                pthread_mutex_unlock(&g_lock);
+                free(r->host);
+                free(r);
+                pthread_mutex_lock(&g_lock);
+            }
         } else if (o->kind == OP_COPY) {
             for (int k = 0; k < 2; k++)
                 if (o->rec[k])
-                    o->rec[k]->queued--;
+                    rec_unqueue(o->rec[k]);
             g_queued[s->device]--;
             fakecuda_stats *st = &g_st[s->device];
             st->copies_done++;
@@ -792,9 +809,9 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void
         memcpy(o->dst, o->src, o->n);
     pthread_mutex_lock(&g_lock);
     if (rd)
-        rd->queued--;
+        rec_unqueue(rd);
     if (rs)
-        rs->queued--;
+        rec_unqueue(rs);
     g_queued[sdev]--;
     st->copies_done++;
     pthread_cond_broadcast(&g_done);

@@ -57,7 +57,9 @@ typedef struct fakecuda_stats {
     uint64_t pageable_h2d_bytes; /* their bytes, of those host -> device */
     uint64_t foreign_copies;    /* device memory of another device than the stream's */
     uint64_t free_while_queued; /* cudaFree of memory a queued copy still used (cudaFree waited
-                                   for it, as the real one synchronizes) */
+                                   for it, as the real one synchronizes), or a cudaFreeAsync its
+                                   stream ran while another stream's copy used the memory (kept
+                                   until that copy is done) */
     uint64_t host_allocs, host_frees, bad_host_frees, live_host_allocs, live_host_bytes;
     uint64_t host_registers;    /* cudaHostRegister calls accepted */
     uint64_t register_refusals; /* refused: overlapping, injected, not supported */

@@ -940,6 +940,60 @@ static void cli(void)
                            "be loaded") != NULL);
 }
 
+/* The fake runtime itself: a stream-ordered free that its stream reaches while another stream's
+ * copy still uses the memory is counted, and the memory stays until that copy is done; nothing
+ * waits (that stream's copy may wait on this one). Last: it leaves free_while_queued at 1. */
+static void fake_free_across_streams(void *lib)
+{
+    int (*stream_create)(void **, unsigned);
+    int (*stream_sync)(void *), (*stream_destroy)(void *);
+    int (*pool_create)(void **, const void *), (*pool_destroy)(void *);
+    int (*pool_malloc)(void **, size_t, void *, void *), (*free_async)(void *, void *);
+    int (*copy)(void *, const void *, size_t, int, void *);
+    *(void **)&stream_create = dlsym(lib, "cudaStreamCreateWithFlags");
+    *(void **)&stream_sync = dlsym(lib, "cudaStreamSynchronize");
+    *(void **)&stream_destroy = dlsym(lib, "cudaStreamDestroy");
+    *(void **)&pool_create = dlsym(lib, "cudaMemPoolCreate");
+    *(void **)&pool_destroy = dlsym(lib, "cudaMemPoolDestroy");
+    *(void **)&pool_malloc = dlsym(lib, "cudaMallocFromPoolAsync");
+    *(void **)&free_async = dlsym(lib, "cudaFreeAsync");
+    *(void **)&copy = dlsym(lib, "cudaMemcpyAsync");
+    CHECK(stream_create && stream_sync && stream_destroy && pool_create && pool_destroy &&
+          pool_malloc && free_async && copy);
+    if (!(stream_create && stream_sync && stream_destroy && pool_create && pool_destroy &&
+          pool_malloc && free_async && copy))
+        return;
+    struct {
+        int alloc_type, handle_types, location_type, location_id;
+        void *win32;
+        unsigned char rest[64];
+    } props = {.alloc_type = 1, .location_type = 1};
+    void *a = NULL, *b = NULL, *pool = NULL, *p = NULL;
+    static unsigned char host[64 << 10];
+    fakecuda_stats s0 = stats(0);
+    CHECK_EQ_INT(stream_create(&a, 1), 0);
+    CHECK_EQ_INT(stream_create(&b, 1), 0);
+    CHECK_EQ_INT(pool_create(&pool, &props), 0);
+    CHECK_EQ_INT(pool_malloc(&p, sizeof host, pool, a), 0);
+    fc_delay(200000); /* the copy on B is still queued when A reaches the free */
+    CHECK_EQ_INT(copy(p, host, sizeof host, 1, b), 0);
+    CHECK_EQ_INT(free_async(p, a), 0);
+    CHECK(copy(p, host, sizeof host, 1, b) != 0); /* its free is queued: refused */
+    CHECK_EQ_INT(stream_sync(a), 0);
+    fakecuda_stats s1 = stats(0);
+    CHECK_EQ_INT(s1.free_while_queued - s0.free_while_queued, 1);
+    CHECK_EQ_INT(s1.live_allocs, s0.live_allocs + 1); /* kept for B's copy */
+    CHECK_EQ_INT(stream_sync(b), 0);
+    fc_delay(20);
+    s1 = stats(0);
+    CHECK_EQ_INT(s1.live_allocs, s0.live_allocs);
+    CHECK_EQ_INT(s1.async_frees - s0.async_frees, 1);
+    CHECK_EQ_INT(pool_destroy(pool), 0);
+    CHECK_EQ_INT(stream_destroy(a), 0);
+    CHECK_EQ_INT(stream_destroy(b), 0);
+    g_refused++;
+}
+
 int main(void)
 {
     /* before anything loads the runtime: this process and its children see the fake */
@@ -1001,6 +1055,7 @@ int main(void)
     split_case("cuda:1", 1, 3, FERRY_HOME_DISK);
     manager_faults();
     cli();
+    fake_free_across_streams(lib);
     check_rmdir(dir);
     free(out_text);
     free(err_text);
