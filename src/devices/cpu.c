@@ -27,7 +27,6 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #define CPU_ALIGN 4096
 /* Largest single allocation: what a pointer difference can hold; the OS refuses sooner. */
@@ -439,23 +438,12 @@ static int move_front(const cpu_block *b, uint64_t len, uintptr_t dst, uint64_t 
 static double move_cost_s;
 static pthread_once_t move_cost_once = PTHREAD_ONCE_INIT;
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Reads a byte of each of N pages at P; the time it took. */
+/* The time reading a byte of each of N pages at P takes. */
 static double read_pages(const unsigned char *p, size_t n)
 {
-    const volatile unsigned char *q = p;
-    unsigned char x = 0;
-    double t0 = mono_now();
-    for (size_t i = 0; i < n; i++)
-        x ^= q[i * 4096];
-    (void)x;
-    return mono_now() - t0;
+    double t0 = ferry__now();
+    ferry__read_pages(p, (uint64_t)n * 4096);
+    return ferry__now() - t0;
 }
 
 static void move_cost_measure(void)

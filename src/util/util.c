@@ -354,6 +354,15 @@ int ferry__glob(const char *p, const char *s)
     return *p == 0;
 }
 
+void ferry__read_pages(const void *p, uint64_t len)
+{
+    const volatile unsigned char *q = p;
+    unsigned char x = 0;
+    for (uint64_t off = 0; off < len; off += 4096)
+        x ^= q[off];
+    (void)x;
+}
+
 double ferry__now(void)
 {
     struct timespec ts;

@@ -95,6 +95,10 @@ int ferry__glob(const char *pattern, const char *s);
 /* Monotonic clock in seconds. */
 double ferry__now(void);
 
+/* Reads one byte of each 4 KiB page of [P, P+LEN): makes the process's own access to every page
+ * happen now (see ferry__cpu_move_cost). */
+void ferry__read_pages(const void *p, uint64_t len);
+
 /* dlopen (RTLD_NOW | RTLD_LOCAL) of the first of the N library NAMES that loads: its handle, and
  * its name in *WHICH (may be NULL); NULL when none loads. Loaded libraries are never closed. */
 void *ferry__dlopen_first(const char *const *names, size_t n, const char **which);
