@@ -49,7 +49,7 @@ static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 /* One stream entry: every key, positive, and consistent with its definitions. */
 static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_budget,
-                         const char *device, double fresh)
+                         const char *device, double fresh, double overlap_r, double overlap_c)
 {
     static const char *keys[] = {"budget_bytes",   "bytes_read_per_pass",
                                  "optimal_bytes_per_pass", "working_set_bytes",
@@ -95,6 +95,24 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
     else
         CHECK(fault == 0);
     CHECK(fabs(f_mach - fmax(f_bound, fault) / f_secs) <= 1e-9 * f_mach + 1e-12);
+    /* the bound with the CPUs shared: read and compute at once at the measured ratios (at most
+     * 1) until one is done, then the other alone; between the max and the sum of the two */
+    double ob = jnum(jget(s, "overlap_bound_seconds_per_pass")),
+           oe = jnum(jget(s, "overlap_efficiency"));
+    double tr = jnum(jget(s, "transfer_seconds_per_pass")),
+           tc = jnum(jget(s, "compute_seconds_per_pass"));
+    if (overlap_r > 0 && overlap_c > 0 && tc > 0) {
+        double rr = fmin(overlap_r, 1), rc = fmin(overlap_c, 1);
+        double busy_r = tr / rr, busy_c = tc / rc; /* each alone at its busy rate */
+        double want = busy_r <= busy_c ? busy_r + (1 - busy_r / busy_c) * tc
+                                       : busy_c + tr * (1 - busy_c / busy_r);
+        want = fmin(want, tr + tc); /* never worse than one after the other */
+        CHECK(fabs(ob - want) <= 1e-9 * want + 1e-12);
+        CHECK(ob >= fmax(tr, tc) * (1 - 1e-9) && ob <= (tr + tc) * (1 + 1e-9));
+        CHECK(fabs(oe - ob / secs) <= 1e-9 * oe + 1e-12);
+    } else {
+        CHECK(ob == 0 && oe == 0);
+    }
 }
 
 /* --stream-io fixes the streams' settings (no sweep); --cap where no memory controller can be
@@ -174,14 +192,16 @@ static void test_json(const char *model_path)
     CHECK(fabs(wr - warm / fmin(mc, fresh)) <= 1e-9 * wr);
     double cg = jnum(jget(&doc, "resident_compute_gbps")), rb = jnum(jget(&doc, "read_bandwidth_gbps"));
     CHECK(fabs(jnum(jget(&doc, "resident_compute_ratio")) - cg / rb) <= 1e-9 * cg / rb);
+    /* the read and the compute at once: each slows the other, or not (never below 0) */
+    double o_r = positive(&doc, "overlap_read_ratio"), o_c = positive(&doc, "overlap_compute_ratio");
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
     CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
     CHECK(jnum(jget(&doc, "settle_seconds")) == 0); /* --quick rests nowhere */
     const ferry__json *st = jget(&doc, "stream");
     CHECK(st && st->type == FERRY__JSON_ARRAY && st->n == 2);
     if (st && st->type == FERRY__JSON_ARRAY && st->n == 2) {
-        check_stream(&st->items[0], model, model / 4, "cpu", fresh);
-        check_stream(&st->items[1], model, model / 2, "cpu", fresh);
+        check_stream(&st->items[0], model, model / 4, "cpu", fresh, o_r, o_c);
+        check_stream(&st->items[1], model, model / 2, "cpu", fresh, o_r, o_c);
     }
     CHECK(jget(&doc, "device_stream") == NULL); /* only with --device */
     ferry__json_free(&doc);
@@ -201,7 +221,7 @@ static void test_device(const char *model_path)
     CHECK(ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1);
     if (ds && ds->type == FERRY__JSON_ARRAY && ds->n == 1) {
         const ferry__json *s = &ds->items[0];
-        check_stream(s, model, model / 4, "sim:256MiB@4GB/s", 0);
+        check_stream(s, model, model / 4, "sim:256MiB@4GB/s", 0, 0, 0); /* no compute on it */
         /* nothing is computed on the device: the bound is the link's time for optimal bytes */
         double bound = jnum(jget(s, "bound_seconds_per_pass"));
         double opt = jnum(jget(s, "optimal_bytes_per_pass"));

@@ -553,6 +553,76 @@ static int run_mmap(benchlab *b, int populate)
  * the best of its reads. */
 #define COMPUTE_PASSES 3
 
+/* ---- the read and the compute at once ---- */
+
+typedef struct overlap_read {
+    benchlab *b;
+    double gbps;
+    atomic_int done;
+} overlap_read;
+
+static void *overlap_read_main(void *arg)
+{
+    overlap_read *o = arg;
+    o->gbps = direct_best_read(o->b);
+    atomic_store(&o->done, 1);
+    return NULL;
+}
+
+#define OVERLAP_ROUNDS 3
+
+/* How much the O_DIRECT read and the compute slow each other when they run at once: a machine
+ * whose disk is served on the cores its CPUs run on (a virtual machine's emulated disk) shares
+ * them, and a stream that overlaps its reads with its compute cannot reach the larger of the two
+ * alone. OVERLAP_ROUNDS times: the compute alone (median of three passes over the resident
+ * weights of SETS), the read alone (the best readers and request size), then the read again
+ * while passes run back to back; a sample of each ratio per round: the read's rate busy / alone,
+ * and the compute's, as the mean of the passes that ended while the read ran (the first pass
+ * where none did) against alone. Drops the files from the page cache (the reads), and warms them
+ * again. Returns 0, or CLI_EXIT_FAIL after printing why. */
+static int run_overlap(benchlab *b, layer_set *sets, size_t nsets)
+{
+    if (b->no_direct)
+        return 0;
+    for (int k = 0; k < OVERLAP_ROUNDS; k++) {
+        double c[3];
+        for (int i = 0; i < 3; i++) {
+            double c0 = ferry_now();
+            compute_sets(b, sets, 0, nsets);
+            c[i] = ferry_now() - c0;
+        }
+        double alone_c = median(c, 3), alone_r = direct_best_read(b);
+        if (alone_r <= 0)
+            return cli_error("%s: O_DIRECT read failed", b->path);
+        overlap_read o = {.b = b, .gbps = 0};
+        atomic_init(&o.done, 0);
+        pthread_t th;
+        if (pthread_create(&th, NULL, overlap_read_main, &o) != 0)
+            return cli_error("cannot start a thread");
+        double busy = 0, first = 0;
+        int n = 0;
+        while (!atomic_load(&o.done)) {
+            double c0 = ferry_now();
+            compute_sets(b, sets, 0, nsets);
+            double t = ferry_now() - c0;
+            if (!atomic_load(&o.done)) {
+                busy += t;
+                n++;
+            } else if (!n) {
+                first = t;
+            }
+        }
+        pthread_join(th, NULL);
+        if (o.gbps <= 0)
+            return cli_error("%s: O_DIRECT read failed", b->path);
+        double busy_c = n ? busy / n : first;
+        put(b, BENCHLAB_OVERLAP_READ, o.gbps / alone_r);
+        if (busy_c > 0)
+            put(b, BENCHLAB_OVERLAP_COMPUTE, alone_c / busy_c);
+    }
+    return warm_files(b);
+}
+
 /* One load by ferry into host memory (home host, load MODE), to ready; cold when COLD. Puts GB/s
  * into slot M (seconds for BENCHLAB_WARM_AUTO); with COMPUTE also times COMPUTE_PASSES decode
  * passes over the resident weights and puts the fastest into BENCHLAB_COMPUTE. */
@@ -606,6 +676,8 @@ static int run_load(benchlab *b, ferry_load mode, int cold, int m, int compute)
             best = k == 0 || c < best ? c : best;
         }
         put(b, BENCHLAB_COMPUTE, best);
+        if ((rc = run_overlap(b, sets, nsets)))
+            goto out;
     }
     if (m == BENCHLAB_WARM_AUTO) {
         /* "no copy" only when ferry's plan says every tensor is served from the mapping */
@@ -774,6 +846,21 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     r->compute_s = r->computes ? b->med[BENCHLAB_COMPUTE] : 0;
     r->bound = r->transfer_s > r->compute_s ? r->transfer_s : r->compute_s;
     r->efficiency = r->seconds_med > 0 ? r->bound / r->seconds_med : 0;
+    /* The same with the CPUs shared as measured: the read and the compute at once, each at its
+     * rate while the other runs, until one is done, then the other alone; or one after the other
+     * where that is sooner. A ratio above 1 (noise) counts as 1, so that this bound is never
+     * below the first. */
+    double orr = fmin(b->med[BENCHLAB_OVERLAP_READ], 1),
+           orc = fmin(b->med[BENCHLAB_OVERLAP_COMPUTE], 1);
+    r->overlap_bound = r->overlap_efficiency = 0;
+    if (!r->device && r->compute_s > 0 && rate > 0 && orr > 0 && orc > 0) {
+        double rb = rate * orr, cb = r->compute_s / orc, tr = (double)r->optimal / rb;
+        r->overlap_bound = tr <= cb ? tr + (1 - tr / cb) * r->compute_s
+                                    : cb + ((double)r->optimal - cb * rb) / rate;
+        /* never worse than one after the other, which a stream may always do */
+        r->overlap_bound = fmin(r->overlap_bound, r->transfer_s + r->compute_s);
+        r->overlap_efficiency = r->seconds_med > 0 ? r->overlap_bound / r->seconds_med : 0;
+    }
     r->passes_per_second = r->seconds_med > 0 ? 1 / r->seconds_med : 0;
     /* the first pass reads all of M (nothing is cached yet), in file order */
     double rate0 = r->device ? b->device_bw

@@ -33,6 +33,8 @@ enum {
     BENCHLAB_COMPUTE,       /* limit: seconds per decode pass over resident weights */
     BENCHLAB_READ,          /* limit: GB/s, reading resident memory (best thread count) */
     BENCHLAB_WARM_AUTO,     /* ferry: seconds to resident (no copy) */
+    BENCHLAB_OVERLAP_READ,  /* limit: the O_DIRECT read while the compute runs / alone */
+    BENCHLAB_OVERLAP_COMPUTE, /* limit: the compute's speed while the O_DIRECT read runs / alone */
     BENCHLAB_COUNT
 };
 
@@ -69,6 +71,10 @@ typedef struct benchlab_stream {
     double transfer_s;
     double bound;
     double efficiency;
+    double overlap_bound; /* the bound with the CPUs shared as measured (BENCHLAB_OVERLAP_*): the
+                             read and the compute at once, each at its rate while the other runs,
+                             until one is done, then the other alone (0: not measured) */
+    double overlap_efficiency; /* overlap_bound / seconds_med */
     uint32_t readers;     /* the manager's I/O workers (ferry_options.io_threads) */
     uint64_t request;     /* bytes of one worker read (ferry_options.io_request_bytes) */
     double first_seconds; /* pass 1: recorded while prefetching in file order */

@@ -313,6 +313,10 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         printf("  %-38s %8.3f   (%.3f s per pass, %u thread%s; %.2f of memory read)\n",
                "resident compute (matvec every weight)", cgb, v[BENCHLAB_COMPUTE], b->threads,
                b->threads == 1 ? "" : "s", ratio(cgb, v[BENCHLAB_READ]));
+        if (v[BENCHLAB_OVERLAP_READ] > 0)
+            printf("  %-38s %8.2f   (the compute at %.2f of its speed alone)\n",
+                   "O_DIRECT read while computing / alone", v[BENCHLAB_OVERLAP_READ],
+                   v[BENCHLAB_OVERLAP_COMPUTE]);
     }
     int above = 0;
     if (b->streams_only)
@@ -388,6 +392,9 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         printf("  %-12s %12s %12s %10.3f %10.3f %10.2f%s   %s\n", bud, cli_size(r->bytes_med, s2),
                cli_size(r->optimal, s3), r->seconds_med, r->bound, r->efficiency,
                r->efficiency > 1.0 ? " !" : "  ", io);
+        if (r->overlap_bound > 0)
+            printf("  %-12s %12s %12s %10s %10.3f %10.2f     the CPUs shared as measured\n", "",
+                   "", "", "", r->overlap_bound, r->overlap_efficiency);
         if (r->capped)
             printf("  %-12s passes per second %.3f beside 0.8 x O_DIRECT / (M - B) = %.3f: %.2f\n",
                    "", r->passes_per_second, r->target_passes_per_second,
@@ -430,6 +437,10 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     printf("\n  bound = max(resident compute, (M - B + W) / O_DIRECT read measured between the "
            "passes)%s;\n  efficiency = bound / measured\n",
            b->device ? " on the cpu, (M - B + W) / link bandwidth on the device" : "");
+    if (v[BENCHLAB_OVERLAP_READ] > 0)
+        printf("  the CPUs shared: the read and the compute at once, each at the rate it keeps "
+               "while the other\n    runs (measured above), until one is done, then the other "
+               "alone\n");
     if (b->split)
         printf("  split: bound = max over its devices of (M_i - B_i + W_i) / BW_i, the slowest "
                "device's share\n    through its own link (the devices copy in parallel): M_i "
@@ -468,6 +479,10 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     cli_json_f64(j, r->transfer_s);
     cli_json_key(j, "efficiency");
     cli_json_f64(j, r->efficiency);
+    cli_json_key(j, "overlap_bound_seconds_per_pass");
+    cli_json_f64(j, r->overlap_bound);
+    cli_json_key(j, "overlap_efficiency");
+    cli_json_f64(j, r->overlap_efficiency);
     cli_json_key(j, "request_bytes");
     cli_json_u64(j, r->request);
     cli_json_key(j, "readers");
@@ -587,6 +602,8 @@ static void report_json(benchlab *b)
     NUM("read_bandwidth_gbps", v[BENCHLAB_READ]);
     U64("read_bandwidth_threads", b->read_threads);
     NUM("resident_compute_ratio", ratio(cgb, v[BENCHLAB_READ]));
+    NUM("overlap_read_ratio", v[BENCHLAB_OVERLAP_READ]);
+    NUM("overlap_compute_ratio", v[BENCHLAB_OVERLAP_COMPUTE]);
     NUM("cold_load_gbps", v[BENCHLAB_COLD_AUTO]);
     NUM("cold_load_direct_gbps", v[BENCHLAB_COLD_DIRECT]);
     NUM("cold_load_vs_populate", ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_MMAP_POPULATE]));
@@ -665,12 +682,14 @@ int cmd_bench(int argc, char **argv)
         "measured in the same run, alternating limit and ferry runs: O_DIRECT and cold buffered\n"
         "reads, memcpy, first touch of fresh memory, resident memory read (the best of 1 to\n"
         "online-CPUs threads), resident compute (the fastest of 3 passes on --threads threads,\n"
-        "each thread its own range of rows first) and its ratio to that read; ferry's cold\n"
+        "each thread its own range of rows first) and its ratio to that read, the O_DIRECT\n"
+        "read and the compute at once (how much each slows the other); ferry's cold\n"
         "loads (load auto and direct, file dropped from the page cache), warm loads (read;\n"
         "auto is zero-copy), plain mmap and mmap with populate; then streamed passes (home\n"
         "disk, compute cpu, load auto) under host budgets of 1/4 and 1/2 of the model, judged\n"
         "against max(resident compute, (M - B + W) / O_DIRECT read), W the two largest\n"
-        "consecutive layers. Needs a filesystem that allows O_DIRECT, and rights to drop the\n"
+        "consecutive layers, and against the same with the CPUs shared as measured. Needs a\n"
+        "filesystem that allows O_DIRECT, and rights to drop the\n"
         "file from the page cache (its owner can). Reads the file from the disk about 15 times\n"
         "per run.\n"
         "\n"
