@@ -474,6 +474,64 @@ static void test_stream_keeps_huge_pages(void)
     ferry_destroy(f);
 }
 
+/* A request of a pooled block's size takes that block where it lies: the same address, the bytes
+ * it held still there (no page moved, none fresh), for small pages and for whole 2 MiB pages with
+ * a tail of small ones; a request of another size is stitched as before (moved). */
+static void test_reuse_in_place(void)
+{
+    ferry *f = ferry_create(NULL);
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    CHECK_EQ_INT(ferry_set_budget(f, 0, UINT64_C(64) << 20), 0);
+    ferry_device *d = f->devs[0].d;
+    const uint64_t sizes[] = {(UINT64_C(2) << 20) + (200u << 10), 800u << 10,
+                              (UINT64_C(6) << 20) + (64u << 10)};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        ferry__mem a = {0}, b = {0};
+        ferry__err e = {0};
+        CHECK_EQ_INT(ferry__reserve(f, 0, sizes[i], 0, &a, &e), 0);
+        CHECK(a.size >= sizes[i] && a.size < sizes[i] + (2u << 20));
+        if (!a.base) /* room, not a block: allocated as a loader allocates it */
+            CHECK_EQ_INT(d->ops->alloc(d, a.size, &a.base), 0);
+        if (!a.base)
+            break;
+        memset(a.base, 0x5A + (int)i, (size_t)a.size);
+        void *was = a.base;
+        uint64_t size = a.size;
+        ferry__unreserve(f, 0, &a); /* into the pool */
+        CHECK_EQ_INT(f->devs[0].pooled, size);
+        CHECK_EQ_INT(ferry__reserve(f, 0, sizes[i], 0, &b, &e), 0);
+        CHECK(b.base == was && b.size == size && !b.moved);
+        const unsigned char *p = b.base;
+        int same = p != NULL;
+        for (uint64_t k = 0; same && k < size; k += 4096)
+            same = p[k] == 0x5A + (int)i && p[size - 1] == 0x5A + (int)i;
+        CHECK(same);
+        CHECK_EQ_INT(f->devs[0].pooled, 0);
+        ferry__unreserve(f, 0, &b);
+        /* an empty pool for the next size */
+        CHECK_EQ_INT(ferry_set_budget(f, 0, 1), 0);
+        CHECK_EQ_INT(ferry_set_budget(f, 0, UINT64_C(64) << 20), 0);
+    }
+    /* another size: pooled blocks are stitched into a new range (moved) */
+    ferry__mem parts[2] = {{0}}, c = {0};
+    ferry__err e = {0};
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(ferry__reserve(f, 0, UINT64_C(4) << 20, 0, &parts[k], &e), 0);
+        if (!parts[k].base)
+            CHECK_EQ_INT(d->ops->alloc(d, parts[k].size, &parts[k].base), 0);
+    }
+    for (int k = 0; k < 2; k++)
+        ferry__unreserve(f, 0, &parts[k]);
+    CHECK_EQ_INT(ferry__reserve(f, 0, UINT64_C(9) << 20, 0, &c, &e), 0);
+    CHECK(c.base != NULL && c.moved);
+    ferry__unreserve(f, 0, &c);
+    CHECK_EQ_INT(ferry_set_budget(f, 0, 1), 0);
+    CHECK_EQ_INT(f->devs[0].pooled, 0);
+    ferry_destroy(f);
+}
+
 /* 1 when the mapping holding P has FLAG among its VmFlags (/proc/self/smaps), 0 when not, -1 when
  * smaps cannot tell (no procfs, or no VmFlags line). */
 static int vma_flag(const void *p, const char *flag)
@@ -589,6 +647,7 @@ int main(void)
         return 1;
     }
     test_stream_keeps_huge_pages();
+    test_reuse_in_place();
     test_huge_page_advice();
     return check_finish();
 }

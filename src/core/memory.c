@@ -18,9 +18,11 @@
  * virtual machines (0.6-4 GB/s), cudaMalloc/cudaFree synchronize the device, and a streamed
  * model reuses the same few buffer sizes layer after layer.
  * On other devices a pooled buffer serves a request of about its size. On the cpu device a request
- * of any size is served from pooled pages whatever their sizes: ferry__cpu_stitch cuts a larger
- * block or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh
- * page once the budget's worth has been touched.
+ * of any size is served from pooled pages whatever their sizes: a pooled block of its size where
+ * it lies (no page moved: where a moved page costs its next access, as under a hypervisor that
+ * shadows page tables, that access is the engine's), else ferry__cpu_stitch cuts a larger block
+ * or joins smaller ones (moving pages, not bytes), so a streamed pass faults in no fresh page once
+ * the budget's worth has been touched.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -89,9 +91,10 @@ static uint64_t round_up_4k(uint64_t size)
  * KiB): what the cpu device maps anyway (4 KiB pages); from 2 MiB up whole 2 MiB pages (the body)
  * and a tail of small pages where the rest is at most ferry__stitch_tail_max(), else one more 2 MiB
  * page.
- * The pooled blocks of 2 MiB and more are whole 2 MiB pages (pool_put gives their tails back) so
- * that stitching moves huge pages whole instead of splitting them; a tensor whose data does not
- * start on a 4 KiB boundary reads one page more than its bytes, and that page is a tail. */
+ * The parts of a stitch of 2 MiB and more are whole 2 MiB pages (cut_tails gives their tails back
+ * first) so that stitching moves huge pages whole instead of splitting them; a tensor whose data
+ * does not start on a 4 KiB boundary reads one page more than its bytes, and that page is a
+ * tail. */
 static uint64_t stitched_size(uint64_t size)
 {
     if (size < FERRY__HUGE_PAGE || size > UINT64_MAX - FERRY__HUGE_PAGE)
@@ -198,7 +201,9 @@ static int cut_tail(ferry *f, int dev, void *base, uint64_t *size, uint32_t *seg
 }
 
 /* Keeps the buffer BASE of SIZE bytes in DEV's pool (still counted in used); 0 when the pool
- * cannot grow. A stitchable block's tail past its whole 2 MiB pages is given back (cut_tail). */
+ * cannot grow. A stitchable block keeps its tail past its whole 2 MiB pages: a request of its size
+ * takes it where it lies (pool_stitch), and a stitch of several parts gives the tails back first
+ * (cut_tails). */
 static int pool_put(ferry *f, int dev, void *base, uint64_t size)
 {
     ferry__dev *D = &f->devs[dev];
@@ -214,9 +219,6 @@ static int pool_put(ferry *f, int dev, void *base, uint64_t size)
     uint32_t segs = 0;
     if (!ferry__device_block(D->d, base, &bsize, &segs) || bsize != size)
         segs = 0;
-    if (segs && body_of(size) != size && (uintptr_t)base % FERRY__HUGE_PAGE == 0 &&
-        !cut_tail(f, dev, base, &size, &segs))
-        segs = 0; /* a block of whole pages and a tail it could not give back: by size only */
     D->pool[D->n_pool++] = (ferry__pool_buf){.base = base, .size = size, .segs = segs};
     D->pooled += size;
     return 1;
@@ -563,8 +565,73 @@ static int picked(const size_t *pick, size_t n, size_t i)
     return 0;
 }
 
-/* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes.
- * The parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of them, the last
+/* The pooled block that serves NEED bytes where it lies, with no page moved: the smallest of NEED's
+ * whole 2 MiB pages and at least its tail (from 2 MiB), or of about its size (below: at most
+ * 1/8 + 8 KiB more, as pool_fits). SIZE_MAX when none. */
+static size_t pool_fit(const ferry__dev *D, uint64_t need)
+{
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < D->n_pool; i++) {
+        const ferry__pool_buf *b = &D->pool[i];
+        int fits = need >= FERRY__HUGE_PAGE
+                       ? b->size >= need && body_of(b->size) == body_of(need) &&
+                             (uintptr_t)b->base % FERRY__HUGE_PAGE == 0
+                       : b->size < FERRY__HUGE_PAGE && pool_fits(b->size, need);
+        if (b->segs && fits && (best == SIZE_MAX || b->size < D->pool[best].size))
+            best = i;
+    }
+    return best;
+}
+
+/* Hands out pooled block I for NEED bytes (pool_fit's): cut at NEED where the device cuts it (the
+ * rest, small pages, back into the pool), its pages where they are. Returns as pool_stitch. */
+static int pool_serve(ferry *f, int dev, size_t i, uint64_t need, ferry__mem *out)
+{
+    ferry__dev *D = &f->devs[dev];
+    ferry__pool_buf b = D->pool[i];
+    void *parts[1] = {b.base}, *base, *rest;
+    uint64_t got, rest_size;
+    int gone = 0;
+    int rc = D->d->ops->stitch(D->d, parts, 1, need, &base, &got, &rest, &rest_size, &gone);
+    if (rc || base != b.base || got > b.size)
+        return 0; /* a cut refused (no memory for its record): nothing changed */
+    D->pool[i] = D->pool[--D->n_pool];
+    D->pooled -= b.size;
+    if (rest && !pool_put(f, dev, rest, rest_size)) {
+        dev_free(f, dev, rest);
+        D->used -= rest_size;
+    }
+    out->base = base;
+    out->size = got;
+    out->moved = 0;
+    return 1;
+}
+
+/* Gives back the tails of the pooled blocks of 2 MiB and more (cut_tail) before a stitch of
+ * several parts: a part with a tail would put every page after it off its 2 MiB boundary. */
+static void cut_tails(ferry *f, int dev)
+{
+    ferry__dev *D = &f->devs[dev];
+    for (size_t i = 0; i < D->n_pool; i++) {
+        ferry__pool_buf *b = &D->pool[i];
+        if (!b->segs || b->size < FERRY__HUGE_PAGE || body_of(b->size) == b->size ||
+            (uintptr_t)b->base % FERRY__HUGE_PAGE != 0)
+            continue;
+        uint64_t size = b->size;
+        uint32_t segs = b->segs;
+        if (cut_tail(f, dev, b->base, &size, &segs)) {
+            D->pooled -= b->size - size;
+            b->size = size;
+            b->segs = segs;
+        } else {
+            b->segs = 0; /* whole pages and a tail it could not give back: by size only */
+        }
+    }
+}
+
+/* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes:
+ * a block that fits (pool_fit) where it lies; else the pooled blocks' tails are given back
+ * (cut_tails) and the parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of them, the last
  * cut at a 2 MiB boundary; a tail of small pages after the body comes from a pooled block under
  * 2 MiB, or fresh. Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve
  * it (the caller evicts or takes fresh memory; a pooled block may have been cut in two), -1 when
@@ -576,6 +643,10 @@ static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__m
 {
     ferry__dev *D = &f->devs[dev];
     uint64_t body = body_of(need);
+    size_t fit = pool_fit(D, need);
+    if (fit != SIZE_MAX)
+        return pool_serve(f, dev, fit, need, out);
+    cut_tails(f, dev);
     uint64_t avail = 0;
     size_t single = SIZE_MAX;
     for (size_t i = 0; i < D->n_pool; i++) {
