@@ -1707,6 +1707,42 @@ static void test_huge_pages_dear(void)
 
 /* ---- AUTO's way for uncached bytes: FERRY_AUTO_COLD, or measured by the probe ------------- */
 
+/* The probe's fault rate from its steps' times, against its definition: the steps' bytes over
+ * their sum where they agree; the slowest step's rate where it took four times the median or
+ * more (pages freed a moment ago served the fast steps, memory the host backs again the slow
+ * ones, and a load far larger than the probe meets mostly the latter). */
+static void test_cold_fault_rate(void)
+{
+    const uint64_t step = UINT64_C(2) << 20;
+    double even[16], warm[16], mild[16];
+    for (int i = 0; i < 16; i++) {
+        even[i] = 1e-3;
+        warm[i] = 0.1e-3;
+        mild[i] = 1e-3;
+    }
+    warm[5] = 4e-3; /* one step of 16 forty times the others */
+    mild[9] = 3e-3; /* three times the median: noise, not two kinds of memory */
+    double r = ferry__cold_fault_rate(even, 16, step);
+    CHECK(fabs(r - (double)step / 1e-3) <= 1e-6 * r);
+    r = ferry__cold_fault_rate(warm, 16, step);
+    CHECK(fabs(r - (double)step / 4e-3) <= 1e-6 * r);
+    r = ferry__cold_fault_rate(mild, 16, step);
+    CHECK(fabs(r - 16.0 * (double)step / 18e-3) <= 1e-6 * r);
+    /* the threshold itself counts as two kinds: 4 x the median exactly */
+    mild[9] = 4e-3;
+    r = ferry__cold_fault_rate(mild, 16, step);
+    CHECK(fabs(r - (double)step / 4e-3) <= 1e-6 * r);
+    /* one step: its own rate (it is its own median) */
+    r = ferry__cold_fault_rate(even, 1, 1u << 20);
+    CHECK(fabs(r - (double)(1u << 20) / 1e-3) <= 1e-6 * r);
+    /* nothing to rate */
+    CHECK(ferry__cold_fault_rate(even, 0, step) == 0);
+    CHECK(ferry__cold_fault_rate(even, 17, step) == 0);
+    CHECK(ferry__cold_fault_rate(even, 16, 0) == 0);
+    even[3] = 0;
+    CHECK(ferry__cold_fault_rate(even, 16, step) == 0);
+}
+
 /* With FERRY_AUTO_COLD=ENV (read by ferry_create), a manager with every tensor of g_path in one
  * AUTO home-host group (*TS, *N), the file then dropped from the page cache: returns the largest
  * fraction of a tensor still cached (1 when it could not tell). */
@@ -1851,7 +1887,8 @@ int main(int argc, char **argv)
                  {"one_shot_then_loop", test_one_shot_then_loop},
                  {"adapter_during_arena_read", test_adapter_during_arena_read},
                  {"huge_pages_dear", test_huge_pages_dear},
-                 {"cold_choice", test_cold_choice}};
+                 {"cold_choice", test_cold_choice},
+                 {"cold_fault_rate", test_cold_fault_rate}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]))
             tests[i].fn();

@@ -11,8 +11,13 @@
  *            many shares at once as there are loaders (up to 4), as they populate tensors side
  *            by side;
  *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised,
- *            as the arena does) and as many other uncached bytes read into it with O_DIRECT
- *            through the I/O pool; the arena overlaps the two, so its rate is the slower one's.
+ *            as the arena does) in 2 MiB steps, each timed, and as many other uncached bytes read
+ *            into it with O_DIRECT through the I/O pool; the arena overlaps the two, so its rate
+ *            is the slower one's. Where some steps were fast and others four times slower or
+ *            more, the pages freed a moment ago served the first, and memory the host backs
+ *            again on first touch the others (a VM reporting free pages to its host: 32 MiB
+ *            right after a rest faulted in at 1.4 GB/s, 128 MiB at 0.57): a whole model's load
+ *            meets mostly the latter, so the slowest step rates it (ferry__cold_fault_rate).
  * The mapped bytes stay cached and serve the load either way (mapped, or copied from the cache);
  * the private ones cost their time and are read again by the load when private copies win.
  */
@@ -35,14 +40,40 @@
 
 #define PROBE_MAP_MAX (UINT64_C(64) << 20)     /* bytes populated (used by the load either way) */
 #define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes faulted in and read (lost if the map wins) */
+#define PROBE_STEPS_MAX 16 /* 2 MiB steps of PROBE_PRIVATE_MAX */
 #define PROBE_PARTS 4
 #define PROBE_MIN (UINT64_C(1) << 20)
 #define PROBE_PAGE UINT64_C(4096)
 #define PROBE_COLD 0.1 /* a probe range must be at most this fraction cached */
 #define FERRY__COLD_MAP_TIE 0.8 /* the mapping wins from this fraction of the other's rate up */
 
-/* Faults in LEN fresh bytes and reads [OFF, OFF+LEN) of FILE into them with O_DIRECT: the rate
- * of the slower step, GB/s; 0 when it could not run. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double ferry__cold_fault_rate(const double *secs, size_t n, uint64_t step)
+{
+    double sorted[PROBE_STEPS_MAX], sum = 0;
+    if (!n || n > PROBE_STEPS_MAX || !step)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(secs[i] > 0))
+            return 0;
+        sorted[i] = secs[i];
+        sum += secs[i];
+    }
+    qsort(sorted, n, sizeof *sorted, cmp_double);
+    double med = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    if (sorted[n - 1] >= FERRY__COLD_STEP_SPREAD * med)
+        return (double)step / sorted[n - 1];
+    return (double)step * (double)n / sum;
+}
+
+/* Faults in LEN fresh bytes (2 MiB steps, each timed: ferry__cold_fault_rate) and reads [OFF,
+ * OFF+LEN) of FILE into them with O_DIRECT: the rate of the slower of the two, GB/s; 0 when it
+ * could not run. */
 static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len)
 {
     size_t maplen = (size_t)(len + FERRY__HUGE_PAGE);
@@ -54,17 +85,29 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
 #ifdef MADV_HUGEPAGE
     (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
 #endif
-    double t0 = ferry__now();
-    if (madvise(buf, (size_t)len, MADV_POPULATE_WRITE) != 0)
-        memset(buf, 0, (size_t)len);
+    double steps[PROBE_STEPS_MAX];
+    size_t n = 0;
+    for (uint64_t at = 0; at < len && n < PROBE_STEPS_MAX; at += FERRY__HUGE_PAGE, n++) {
+        size_t part = (size_t)(len - at < FERRY__HUGE_PAGE ? len - at : FERRY__HUGE_PAGE);
+        double s0 = ferry__now();
+        if (madvise(buf + at, part, MADV_POPULATE_WRITE) != 0)
+            memset(buf + at, 0, part);
+        steps[n] = ferry__now() - s0;
+    }
+    /* the last step may be short: rated by the whole steps only, where there are any */
+    size_t whole = len % FERRY__HUGE_PAGE && n > 1 ? n - 1 : n;
+    double fault = ferry__cold_fault_rate(steps, whole, whole < n || len >= FERRY__HUGE_PAGE
+                                                            ? FERRY__HUGE_PAGE
+                                                            : len);
     double t1 = ferry__now();
     ferry__err e[1];
     ferry__err_clear(e);
     int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, e);
     double t2 = ferry__now();
     munmap(m, maplen);
-    double slow = t1 - t0 > t2 - t1 ? t1 - t0 : t2 - t1;
-    return rc || slow <= 0 ? 0 : (double)len / slow / 1e9;
+    double read = t2 > t1 ? (double)len / (t2 - t1) : 0;
+    double slow = fault < read ? fault : read;
+    return rc || slow <= 0 ? 0 : slow / 1e9;
 }
 
 typedef struct map_part {

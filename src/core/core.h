@@ -393,6 +393,15 @@ void ferry__cold_init(ferry *f);
  * held. */
 #define FERRY__COLD_PROBE_MIN (UINT64_C(512) << 20)
 void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n);
+/* The rate, bytes per second, at which a load faults in fresh memory, from the seconds SECS[0..N)
+ * that the probe's N steps of STEP bytes each took: where the slowest step took at least
+ * FERRY__COLD_STEP_SPREAD times the median one, some steps were served by pages freed a moment
+ * ago and the others by memory the host backs again on first touch (a VM that reports free pages
+ * to its host): a load far larger than the probe meets mostly the latter, and the rate is the
+ * slowest step's; else the steps' own rate (their bytes over their sum). 0 when N is 0 or a time
+ * is not positive. */
+#define FERRY__COLD_STEP_SPREAD 4.0
+double ferry__cold_fault_rate(const double *secs, size_t n, uint64_t step);
 
 /* 1 when T's staged bytes differ from the file's (converted or merged). */
 static inline int ferry__transformed(const ferry_tensor *t)
