@@ -521,8 +521,11 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
  * shares at once), and keeps the faster for them and every later AUTO tensor not yet loaded
  * (the mapping when it measured at least 0.8 of the other's rate: its probe's bytes serve the
  * load, and it holds no private memory): where fresh memory faults in slowly (some VMs), the
- * mapping is several times faster. The environment variable FERRY_AUTO_COLD=map or =private
- * decides instead of measuring; =probe measures at any size. */
+ * mapping is several times faster. Where the host takes free 2 MiB blocks of the guest back (a
+ * VM with free page reporting), the mapping whatever the private probe measured: its few MiB come
+ * from pages freed a moment ago, a whole model's copies from memory the host backs again. The
+ * environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
+ * measures at any size. */
 typedef struct ferry_cold_load {
     int decided;         /* 0: not yet (default: private copies) */
     int map;             /* 1: through the mapping; 0: private copies */
