@@ -1618,6 +1618,21 @@ static void fake_reporting(const char *root, const char *order, const char *repo
     }
 }
 
+/* Removes the folders fake_reporting made under ROOT (its files first: fake_reporting(ROOT, NULL,
+ * NULL)), and ROOT. */
+static void fake_root_remove(const char *root)
+{
+    fake_reporting(root, NULL, NULL);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/module/page_reporting/parameters", root);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/module/page_reporting", root);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/module", root);
+    rmdir(path);
+    rmdir(root);
+}
+
 /* Whether a mapping overlapping [LO, HI) in /proc/self/smaps has VmFlags FLAG ("hg": advised
  * MADV_HUGEPAGE). -1 when smaps cannot be read. */
 static int vmflag_in(uintptr_t lo, uintptr_t hi, const char *flag)
@@ -1695,14 +1710,7 @@ static void test_huge_pages_dear(void)
         ferry_destroy(f);
     }
     unsetenv("FERRY_SYSFS_ROOT");
-    char path[1400];
-    snprintf(path, sizeof path, "%s/module/page_reporting/parameters", root);
-    rmdir(path);
-    snprintf(path, sizeof path, "%s/module/page_reporting", root);
-    rmdir(path);
-    snprintf(path, sizeof path, "%s/module", root);
-    rmdir(path);
-    rmdir(root);
+    fake_root_remove(root);
 }
 
 /* ---- AUTO's way for uncached bytes: FERRY_AUTO_COLD, or measured by the probe ------------- */
@@ -1850,7 +1858,7 @@ static void cold_case_prepare(void)
  * whatever the rates), then no reporting (the rates decide). */
 static void cold_case_reporting(void)
 {
-    char root[1300], path[1400];
+    char root[1300];
     snprintf(root, sizeof root, "%s.cold.sys", g_path);
     mkdir(root, 0700);
     setenv("FERRY_SYSFS_ROOT", root, 1);
@@ -1862,13 +1870,7 @@ static void cold_case_reporting(void)
     CHECK_EQ_INT(ferry__host_huge_pages_dear(), 0);
     cold_case("probe", -1);
     unsetenv("FERRY_SYSFS_ROOT");
-    snprintf(path, sizeof path, "%s/module/page_reporting/parameters", root);
-    rmdir(path);
-    snprintf(path, sizeof path, "%s/module/page_reporting", root);
-    rmdir(path);
-    snprintf(path, sizeof path, "%s/module", root);
-    rmdir(path);
-    rmdir(root);
+    fake_root_remove(root);
 }
 
 static void test_cold_choice(void)
