@@ -522,8 +522,8 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
  * (the mapping when it measured at least 0.8 of the other's rate: its probe's bytes serve the
  * load, and it holds no private memory): where fresh memory faults in slowly (some VMs), the
  * mapping is several times faster. Where the host takes free 2 MiB blocks of the guest back (a
- * VM with free page reporting), the mapping whatever the private probe measured: its few MiB come
- * from pages freed a moment ago, a whole model's copies from memory the host backs again. The
+ * VM with free page reporting), the mapping without probing private copies: a probe's few MiB
+ * come from pages freed a moment ago, a whole model's copies from memory the host backs again. The
  * environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
  * measures at any size. */
 typedef struct ferry_cold_load {
@@ -532,7 +532,7 @@ typedef struct ferry_cold_load {
     int forced;          /* decided by FERRY_AUTO_COLD, not measured */
     double map_gbps;     /* measured (0 when not): populating uncached bytes of the mapping */
     double private_gbps; /* measured: the slower of faulting in fresh memory and reading into it
-                            with O_DIRECT */
+                            with O_DIRECT (0 where the host takes free blocks back: not probed) */
 } ferry_cold_load;
 
 /* F's decision into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */

@@ -10,18 +10,18 @@
  *   map:     MADV_POPULATE_READ of up to 64 MiB of uncached bytes through the mapping, in as
  *            many shares at once as there are loaders (up to 4), as they populate tensors side
  *            by side;
- *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, in the pages the
- *            arena takes: huge ones advised unless the host takes them back) in 2 MiB steps, each timed, and as many other uncached bytes read
- *            into it with O_DIRECT through the I/O pool; the arena overlaps the two, so its rate
- *            is the slower one's. Where some steps were fast and others four times slower or
- *            more, the pages freed a moment ago served the first, and memory the host backs
- *            again on first touch the others (a VM reporting free pages to its host: 32 MiB
+ *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
+ *            the arena does where it is probed) in 2 MiB steps, each timed, and as many other
+ *            uncached bytes read into it with O_DIRECT through the I/O pool; the arena overlaps the
+ *            two, so its rate is the slower one's. Where some steps were fast and others four times
+ *            slower or more, the pages freed a moment ago served the first, and memory the host
+ *            backs again on first touch the others (a VM reporting free pages to its host: 32 MiB
  *            right after a rest faulted in at 1.4 GB/s, 128 MiB at 0.57): a whole model's load
  *            meets mostly the latter, so the slowest step rates it (ferry__cold_fault_rate).
  * The mapped bytes stay cached and serve the load either way (mapped, or copied from the cache);
  * the private ones cost their time and are read again by the load when private copies win.
- * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the mapping wins
- * whatever the private probe measured (see probe).
+ * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the mapping without
+ * the private probe (see probe).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -84,10 +84,8 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
         return 0;
     unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
                                            ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
-    /* the pages a group load's arena takes: huge ones unless the host takes free 2 MiB blocks
-     * back (ferry__host_huge_pages_dear), and an O_DIRECT read into small pages is slower */
-#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
-    (void)madvise(buf, (size_t)len, ferry__host_huge_pages_dear() ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
 #endif
     double steps[PROBE_STEPS_MAX];
     size_t n = 0;
@@ -172,21 +170,21 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
         ferry__iofile_cached(file, b, lp) > PROBE_COLD)
         return 0;
     unsigned parts = f->jobs.n_loaders < PROBE_PARTS ? f->jobs.n_loaders : PROBE_PARTS;
-    double pm = probe_map(file, a, lm, parts), pp = probe_private(f, file, b, lp);
-    if (pm <= 0 || pp <= 0)
+    /* Where the host takes free 2 MiB blocks back (free page reporting), the mapping, and no
+     * private probe: its few MiB come from pages freed a moment ago, not yet handed back, while a
+     * whole model's private copies meet memory the host backs again on first touch (a 2 GiB load
+     * at 0.54-0.60 GB/s after a probe that read 3.9-6.1, where the mapping filled at 1.3-1.6);
+     * the page cache neither zeroes its pages nor needs whole 2 MiB blocks (bench/README.md). */
+    int dear = ferry__host_huge_pages_dear();
+    double pm = probe_map(file, a, lm, parts), pp = dear ? 0 : probe_private(f, file, b, lp);
+    if (pm <= 0 || (pp <= 0 && !dear))
         return 0;
     f->cold.map_gbps = pm;
     f->cold.private_gbps = pp;
     /* Near a tie the mapping: its probe's bytes are cached and serve the load, it keeps no
      * private memory, and its probe is the one a moment's stall of the host misleads (after the
-     * page cache was dropped, populate once ran at 0.73 GB/s against 1.7 in the load itself).
-     * And the mapping where the host takes free 2 MiB blocks back (free page reporting): there
-     * the private probe's few MiB come from pages freed a moment ago, not yet handed back, while
-     * a whole model's private copies meet memory the host backs again on first touch (a 2 GiB
-     * load at 0.54-0.60 GB/s after a probe that read 3.9-6.1, where the mapping filled at
-     * 1.3-1.6), and the page cache, which neither zeroes its pages nor needs whole 2 MiB blocks,
-     * fills faster (bench/README.md). */
-    f->cold.map = pm >= FERRY__COLD_MAP_TIE * pp || ferry__host_huge_pages_dear();
+     * page cache was dropped, populate once ran at 0.73 GB/s against 1.7 in the load itself). */
+    f->cold.map = dear || pm >= FERRY__COLD_MAP_TIE * pp;
     return 1;
 }
 

@@ -629,16 +629,16 @@ static void cut_tails(ferry *f, int dev)
     }
 }
 
-/* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes:
- * a block that fits (pool_fit) where it lies; else the pooled blocks' tails are given back
- * (cut_tails) and the parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of them, the last
- * cut at a 2 MiB boundary; a tail of small pages after the body comes from a pooled block under
- * 2 MiB, or fresh. Returns 1 when *OUT holds the block (accounted), 0 when the pool cannot serve
- * it (the caller evicts or takes fresh memory; a pooled block may have been cut in two), -1 when
- * the kernel refused to move pages after moving some: the parts tried are gone (accounted as
- * freed), the caller tries again; -2 when memory ran short before anything moved: nothing
- * changed, and the caller goes on without stitching (trimming the pool gives memory back, where
- * stitching needs some more). */
+/* Serves NEED bytes on the cpu device from pooled mapped blocks plus at most ROOM fresh bytes: a
+ * block that fits (pool_fit) where it lies; else the pooled blocks' tails are given back
+ * (cut_tails) and the parts fill NEED's whole 2 MiB pages (its body) with whole pooled runs of
+ * them, the last cut at a 2 MiB boundary; a tail of small pages after the body comes from a pooled
+ * block under 2 MiB, or fresh. Returns 1 when *OUT holds the block (accounted), 0 when the pool
+ * cannot serve it (the caller evicts or takes fresh memory; a pooled block may have been cut in
+ * two), -1 when the kernel refused to move pages after moving some: the parts tried are gone
+ * (accounted as freed), the caller tries again; -2 when memory ran short before anything moved:
+ * nothing changed, and the caller goes on without stitching (trimming the pool gives memory back,
+ * where stitching needs some more). */
 static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__mem *out)
 {
     ferry__dev *D = &f->devs[dev];
