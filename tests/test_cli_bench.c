@@ -192,8 +192,15 @@ static void test_json(const char *model_path)
     CHECK(fabs(wr - warm / fmin(mc, fresh)) <= 1e-9 * wr);
     double cg = jnum(jget(&doc, "resident_compute_gbps")), rb = jnum(jget(&doc, "read_bandwidth_gbps"));
     CHECK(fabs(jnum(jget(&doc, "resident_compute_ratio")) - cg / rb) <= 1e-9 * cg / rb);
-    /* the read and the compute at once: each slows the other, or not (never below 0) */
-    double o_r = positive(&doc, "overlap_read_ratio"), o_c = positive(&doc, "overlap_compute_ratio");
+    /* the read and the compute at once: measured where the filesystem takes O_DIRECT (the read
+     * is the O_DIRECT limit's), else 0 and no shared bound */
+    const ferry__json *dsup = jget(&doc, "direct_read_supported");
+    CHECK(dsup && dsup->type == FERRY__JSON_BOOL);
+    double o_r = jnum(jget(&doc, "overlap_read_ratio")), o_c = jnum(jget(&doc, "overlap_compute_ratio"));
+    if (dsup && dsup->type == FERRY__JSON_BOOL && dsup->b)
+        CHECK(o_r > 0 && o_c > 0 && isfinite(o_r) && isfinite(o_c));
+    else
+        CHECK(o_r == 0 && o_c == 0);
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
     CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
     CHECK(jnum(jget(&doc, "settle_seconds")) == 0); /* --quick rests nowhere */
