@@ -25,6 +25,10 @@ int main(void)
     g = limits_fresh_memory(8u << 20, 2);
     fprintf(stderr, "fresh memory %.2f GB/s\n", g);
     CHECK(g > 0);
+    g = limits_fresh_huge_memory((3u << 20) + 1, 2); /* two 2 MiB pages, one a thread */
+    fprintf(stderr, "fresh memory in 2 MiB pages %.2f GB/s\n", g);
+    CHECK(g > 0);
+    CHECK(limits_fresh_huge_memory(8u << 20, 0) == FERRY_EINVAL);
     g = limits_read_bandwidth((8u << 20) + 24, 3); /* shares not a whole number of lines */
     fprintf(stderr, "memory read %.2f GB/s\n", g);
     CHECK(g > 0);
@@ -35,6 +39,9 @@ int main(void)
     CHECK(limits_read_bandwidth(8, 1) == FERRY_EINVAL);
     g = limits_direct_read(path, 2, 4u << 20);
     fprintf(stderr, "direct read %.2f GB/s\n", g);
+    CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
+    /* requests that do not divide the file, more readers than pieces some of them get */
+    g = limits_direct_read(path, 3, 5u << 20);
     CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
     g = limits_buffered_read(path, 4u << 20);
     fprintf(stderr, "buffered read %.2f GB/s\n", g);

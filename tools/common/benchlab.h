@@ -35,6 +35,7 @@ enum {
     BENCHLAB_WARM_AUTO,     /* ferry: seconds to resident (no copy) */
     BENCHLAB_OVERLAP_READ,  /* limit: the O_DIRECT read while the compute runs / alone */
     BENCHLAB_OVERLAP_COMPUTE, /* limit: the compute's speed while the O_DIRECT read runs / alone */
+    BENCHLAB_FRESH_HUGE,    /* limit: GB/s, fresh memory in 2 MiB pages (M / 4 of it) */
     BENCHLAB_COUNT
 };
 
@@ -141,7 +142,7 @@ typedef struct benchlab {
     double v[BENCHLAB_COUNT][BENCHLAB_MAX_RUNS];
     size_t n[BENCHLAB_COUNT];
     double med[BENCHLAB_COUNT];
-    unsigned direct_readers, fresh_threads;
+    unsigned direct_readers, fresh_threads, fresh_huge_threads;
     unsigned read_threads;     /* the best thread count of BENCHLAB_READ */
     int no_direct;             /* the filesystem refuses O_DIRECT: BENCHLAB_DIRECT is buffered */
     uint64_t direct_request;

@@ -173,6 +173,7 @@ typedef struct direct_job {
     int fd;
     uint64_t size;            /* of the file */
     uint64_t piece;           /* bytes per request, a multiple of ALIGN */
+    uint64_t slots;           /* pieces in each reader's buffer, used in turn */
     _Atomic uint64_t next;    /* offset of the next piece */
     _Atomic int error;        /* first FERRY_E code of any reader */
     gate start;               /* readers arrive with their buffers faulted in */
@@ -191,25 +192,27 @@ static void *direct_main(void *arg)
     /* The buffer asks for transparent huge pages, 2 MiB-aligned: physically contiguous pages let
      * the block layer send large requests (a virtio disk takes at most 254 segments a request, so
      * scattered 4 KiB pages cap a request at 1016 KiB). Measured on this VM: 1.7-1.9 GB/s into
-     * huge pages, 1.0 GB/s into small ones. Where THP is off it is small pages as before. */
+     * huge pages, 1.0 GB/s into small ones. Where THP is off it is small pages as before. It holds
+     * job->slots pieces, filled in turn (see LIMITS_DIRECT_DEST). */
     const size_t huge = (size_t)2 << 20;
-    size_t map_len = (size_t)job->piece + huge;
+    size_t buf_len = (size_t)(job->piece * job->slots), map_len = buf_len + huge;
     unsigned char *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                               -1, 0);
-    void *buf = NULL;
+    unsigned char *buf = NULL;
     if (map == MAP_FAILED) {
         map = NULL;
         set_error(&job->error, FERRY_ENOMEM);
     } else {
         buf = map + ((huge - (uintptr_t)map % huge) % huge);
 #ifdef MADV_HUGEPAGE
-        (void)madvise(buf, (size_t)job->piece, MADV_HUGEPAGE);
+        (void)madvise(buf, buf_len, MADV_HUGEPAGE);
 #endif
-        memset(buf, 0, (size_t)job->piece); /* reused: faulted in before the clock */
+        memset(buf, 0, buf_len); /* reused: faulted in before the clock */
     }
     gate_arrive(&job->start);
     rd->t0 = ferry_now();
-    while (buf && atomic_load(&job->error) == 0) {
+    for (uint64_t k = 0; buf && atomic_load(&job->error) == 0; k++) {
+        unsigned char *dst = buf + (size_t)(k % job->slots * job->piece);
         uint64_t off = atomic_fetch_add(&job->next, job->piece);
         if (off >= job->size)
             break;
@@ -218,7 +221,7 @@ static void *direct_main(void *arg)
                                  ALIGN);
         uint64_t got = 0;
         while (got < want) {
-            ssize_t n = pread(job->fd, (unsigned char *)buf + got, (size_t)(want - got),
+            ssize_t n = pread(job->fd, dst + got, (size_t)(want - got),
                               (off_t)(off + got));
             if (n < 0 && errno == EINTR)
                 continue;
@@ -264,6 +267,14 @@ double limits_direct_read(const char *path, unsigned readers, uint64_t request)
     job.fd = fd;
     job.size = size;
     job.piece = request;
+    /* Enough pieces a reader that all readers' buffers hold LIMITS_DIRECT_DEST bytes, but no more
+     * than a reader can fill: the file's pieces shared out (a small file needs no more). */
+    uint64_t pieces = (size + request - 1) / request, per_reader = (pieces + readers - 1) / readers;
+    job.slots = (LIMITS_DIRECT_DEST + (uint64_t)readers * request - 1) / ((uint64_t)readers * request);
+    if (job.slots > per_reader)
+        job.slots = per_reader;
+    if (job.slots == 0)
+        job.slots = 1;
     atomic_init(&job.next, 0);
     atomic_init(&job.error, 0);
     direct_reader rd[MAX_THREADS];
@@ -431,22 +442,25 @@ static void *touch_main(void *arg)
     return NULL;
 }
 
-double limits_fresh_memory(uint64_t bytes, unsigned threads)
+/* As limits_fresh_memory; HUGE: the mapping starts on a 2 MiB boundary and asks for transparent
+ * huge pages (each thread's share a whole number of them), as ferry's host buffers do. */
+static double fresh_memory(uint64_t bytes, unsigned threads, int huge)
 {
     if (bytes == 0)
         bytes = UINT64_C(256) << 20;
     if (bytes > SIZE_MAX || threads == 0 || threads > MAX_THREADS)
         return FERRY_EINVAL;
-    uint64_t pg = page_size(), pages = (bytes + pg - 1) / pg;
-    size_t len = (size_t)(pages * pg);
+    const uint64_t huge_page = UINT64_C(2) << 20;
+    uint64_t pg = page_size(), unit = huge ? huge_page : pg, units = (bytes + unit - 1) / unit;
+    size_t len = (size_t)(units * unit), extra = huge ? (size_t)huge_page : 0;
     touch_job jobs[MAX_THREADS];
     pthread_t th[MAX_THREADS];
     gate start;
     gate_init(&start);
     memset(jobs, 0, sizeof jobs);
     for (unsigned i = 0; i < threads; i++) {
-        jobs[i].from = pages * i / threads * pg;
-        jobs[i].to = pages * (i + 1) / threads * pg;
+        jobs[i].from = units * i / threads * unit;
+        jobs[i].to = units * (i + 1) / threads * unit;
         jobs[i].page = pg;
         jobs[i].start = i ? &start : NULL;
     }
@@ -457,11 +471,18 @@ double limits_fresh_memory(uint64_t bytes, unsigned threads)
             break;
     gate_await(&start, started - 1);
     double t0 = ferry_now();
-    void *m = started == threads
-                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                  : MAP_FAILED;
+    unsigned char *m = started == threads ? mmap(NULL, len + extra, PROT_READ | PROT_WRITE,
+                                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                                          : MAP_FAILED;
+    unsigned char *base = m;
+    if (m != MAP_FAILED && huge) {
+        base = m + (huge_page - (uintptr_t)m % huge_page) % huge_page;
+#ifdef MADV_HUGEPAGE
+        (void)madvise(base, len, MADV_HUGEPAGE);
+#endif
+    }
     for (unsigned i = 0; i < threads; i++)
-        jobs[i].base = m == MAP_FAILED ? NULL : m; /* NULL: nothing to touch */
+        jobs[i].base = m == MAP_FAILED ? NULL : base; /* NULL: nothing to touch */
     gate_open(&start);
     touch_main(&jobs[0]);
     double t1 = jobs[0].t1;
@@ -473,8 +494,18 @@ double limits_fresh_memory(uint64_t bytes, unsigned threads)
     gate_destroy(&start);
     if (m == MAP_FAILED)
         return FERRY_ENOMEM;
-    munmap(m, len);
+    munmap(m, len + extra);
     return t1 > t0 ? (double)len / (t1 - t0) / 1e9 : FERRY_EIO;
+}
+
+double limits_fresh_memory(uint64_t bytes, unsigned threads)
+{
+    return fresh_memory(bytes, threads, 0);
+}
+
+double limits_fresh_huge_memory(uint64_t bytes, unsigned threads)
+{
+    return fresh_memory(bytes, threads, 1);
 }
 
 double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads)

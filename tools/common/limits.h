@@ -20,13 +20,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bytes the O_DIRECT limit reads into before it writes over any of them: at least this much
+ * destination memory (or the file's size, where that is less), shared by the readers. A load puts
+ * every byte of a model in a place of its own and a stream reads into the memory its budget keeps;
+ * into a few reused buffers of 16 MiB the same disk read faster than any load could (on the 2-CPU
+ * VM of bench/README.md, 2026-12-04: 2.85-3.05 GB/s into 16 MiB, 2.2 into 64 MiB and 2.15 into
+ * 512 MiB, alternating in the same minutes): the host's copy into guest memory stays in its caches. */
+#define LIMITS_DIRECT_DEST (UINT64_C(256) << 20)
+
 /* O_DIRECT sequential read of the whole of PATH, after dropping it from the page cache: READERS
- * threads (1..64), each with its own reused buffer of REQUEST bytes (rounded up to 4096; 0:
- * 16 MiB), take consecutive REQUEST-byte pieces of the file in turn. Timed from the moment all
- * readers are ready to the last one's end. The buffers are 2 MiB-aligned and ask for transparent
- * huge pages: into physically contiguous memory a virtio disk takes requests of up to
- * max_sectors_kb, into scattered 4 KiB pages of at most 254 pages (measured here: 1.7-1.9 GB/s
- * against 1.0 GB/s), and the limit is the best the hardware gives. */
+ * threads (1..64) take consecutive REQUEST-byte pieces of the file in turn (REQUEST rounded up to
+ * 4096; 0: 16 MiB), each into the next piece of its own reused buffer, which holds enough pieces
+ * that all the buffers together are LIMITS_DIRECT_DEST bytes (or more, for READERS x REQUEST
+ * above it). Timed from the moment all readers are ready (their buffers faulted in) to the last
+ * one's end. The buffers are 2 MiB-aligned and ask for transparent huge pages: into physically
+ * contiguous memory a virtio disk takes requests of up to max_sectors_kb, into scattered 4 KiB
+ * pages of at most 254 pages (measured here: 1.7-1.9 GB/s against 1.0 GB/s), and the limit is the
+ * best the hardware gives. */
 double limits_direct_read(const char *path, unsigned readers, uint64_t request);
 
 /* The best limits_direct_read over every pair of READERS[0..NR) and REQUESTS[0..NQ) (NULL/0:
@@ -51,6 +61,13 @@ double limits_fresh_memory(uint64_t bytes, unsigned threads);
 
 /* The best limits_fresh_memory of 1 and 2 threads; *BEST_THREADS (may be NULL) receives which. */
 double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads);
+
+/* As limits_fresh_memory, the mapping 2 MiB-aligned and advised MADV_HUGEPAGE, BYTES rounded up to
+ * whole 2 MiB pages and each thread's share whole ones: the memory of ferry's host buffers of
+ * 2 MiB and up (a stream's budget). Where the host takes free 2 MiB blocks back (free page
+ * reporting in a VM), these come back slower than small pages, which the guest's free memory may
+ * still hold in pieces: on the VM of bench/README.md, 0.4-0.5 GB/s a thread against 2-5. */
+double limits_fresh_huge_memory(uint64_t bytes, unsigned threads);
 
 /* Read bandwidth of resident memory: a reused buffer of BYTES (0: four times the last-level
  * cache, at least 256 MiB), written before the clock, then THREADS threads (1..64) each sum the

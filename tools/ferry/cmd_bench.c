@@ -303,6 +303,8 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         printf("  %-38s %8.3f\n", "memcpy", v[BENCHLAB_MEMCPY]);
         printf("  %-38s %8.3f   (best with %u thread(s))\n", "fresh memory, first touch",
                v[BENCHLAB_FRESH], b->fresh_threads);
+        printf("  %-38s %8.3f   (best with %u thread(s); M / 4 of it)\n",
+               "fresh memory in 2 MiB pages", v[BENCHLAB_FRESH_HUGE], b->fresh_huge_threads);
         char what[48];
         snprintf(what, sizeof what, "memory read (%u thread%s)", b->read_threads,
                  b->read_threads == 1 ? "" : "s");
@@ -378,7 +380,7 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                        r->passes);
             printf("  %-12s %12s %12s %10s %10s %10s   %s\n", "budget", "read/pass", "optimal",
                    "s/pass", "bound s", "efficiency",
-                   "readers x request; first pass s, eff. (with min(B, M) / fresh memory)");
+                   "readers x request; first pass s, eff. (with min(B, M) / fresh 2 MiB pages)");
         }
         if (r->capped && (i == 0 || !b->streams[i - 1].capped))
             printf("  capped: inside %s of %s, host budget C - 256 MiB, %zu prepares a pass "
@@ -595,6 +597,8 @@ static void report_json(benchlab *b)
     NUM("memcpy_gbps", v[BENCHLAB_MEMCPY]);
     NUM("fresh_memory_gbps", v[BENCHLAB_FRESH]);
     U64("fresh_memory_threads", b->fresh_threads);
+    NUM("fresh_huge_memory_gbps", v[BENCHLAB_FRESH_HUGE]);
+    U64("fresh_huge_memory_threads", b->fresh_huge_threads);
     NUM("resident_compute_seconds", v[BENCHLAB_COMPUTE]);
     double cgb = v[BENCHLAB_COMPUTE] > 0 ? (double)b->model / v[BENCHLAB_COMPUTE] / 1e9 : 0;
     NUM("resident_compute_gbps", cgb);
