@@ -71,6 +71,9 @@ int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const fer
                     const ferry__job *j, const unsigned char *src_host, int home_mapped,
                     ferry_load mode, ferry__copy *dst, ferry__err *e);
 void ferry__loader_ctx_free(ferry__loader_ctx *lc);
+/* LC's first staging buffer (allocated here when it has none): *BUF, *LEN bytes of it; 0 or
+ * FERRY_ENOMEM. Its bytes are the loader's until its next transfer. */
+int ferry__loader_scratch(ferry__loader_ctx *lc, unsigned char **buf, uint64_t *len);
 
 /* jobs.c — lock held by all but the first two */
 /* F's I/O pool, counters and trace, and device DEV (-1: none), for transfer.c. */

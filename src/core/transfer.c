@@ -146,6 +146,16 @@ void ferry__loader_ctx_free(ferry__loader_ctx *lc)
     ctx_release(lc);
 }
 
+int ferry__loader_scratch(ferry__loader_ctx *lc, unsigned char **buf, uint64_t *len)
+{
+    int rc = ctx_buffers(lc, NEED_STAGE, FERRY__XFER_CHUNK, NULL, 1);
+    if (rc)
+        return rc;
+    *buf = lc->stage[0];
+    *len = lc->cap;
+    return 0;
+}
+
 static int wait_slot(ferry_device *d, ferry__loader_ctx *lc, int slot)
 {
     if (!lc->pending[slot])
