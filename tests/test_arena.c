@@ -1798,9 +1798,9 @@ static void cold_case(const char *env, int want_map)
             CHECK_EQ_INT(c.map, want_map);
         }
         if (want_map == 1) {
-            /* the load brought every tensor's pages into the page cache (read first, then
-             * mapped), and counted no byte twice (a tensor the reads before it cached, by
-             * readahead, is skipped, not counted) */
+            /* the load brought every tensor's pages into the page cache and mapped them, and
+             * counted no byte twice (a tensor the reads before it cached, by readahead, is
+             * skipped, not counted) */
             double *frac = calloc(n, sizeof *frac);
             CHECK(frac && cached_fractions(g_path, ts, n, frac) == 0);
             uint64_t sum = 0;

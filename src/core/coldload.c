@@ -1,15 +1,15 @@
 /*
  * coldload.c — how load AUTO reads the bytes the page cache does not hold: into private copies
  * with O_DIRECT (group loads lay them in a huge-page arena), or through the file's mapping, the
- * page cache filled by MADV_POPULATE_READ. Which is faster depends on the machine: where fresh
- * anonymous memory faults in slowly (a VM whose host backs guest memory on first touch: 0.6-0.7
- * GB/s here on some days against a disk that reads 5-12 GB/s), the page cache fills 3 times
- * faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's readahead
- * (bench/README.md). So a manager's first group load of enough uncached AUTO bytes measures
- * both on the file it loads, and keeps the faster:
- *   map:     up to 64 MiB of uncached bytes read into the page cache with buffered reads, then
- *            mapped with MADV_POPULATE_READ, in as many shares at once as there are loaders (up
- *            to 4), as they populate tensors side by side (jobs.c, populate);
+ * page cache filled by readahead and MADV_POPULATE_READ. Which is faster depends on the machine:
+ * where fresh anonymous memory faults in slowly (a VM whose host backs guest memory on first
+ * touch: 0.6-0.7 GB/s here on some days against a disk that reads 5-12 GB/s), the page cache fills
+ * 3 times faster; where first touch is fast, O_DIRECT into huge pages beats the page cache's
+ * readahead (bench/README.md). So a manager's first group load of enough uncached AUTO bytes
+ * measures both on the file it loads, and keeps the faster:
+ *   map:     up to 64 MiB of uncached bytes brought into the page cache and mapped as a loader
+ *            does it (ferry__populate_range), in as many shares at once as there are loaders (up
+ *            to 4), as they populate tensors side by side;
  *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
  *            the arena does where it is probed) in 2 MiB steps, each timed, and as many other
  *            uncached bytes read into it with O_DIRECT through the I/O pool; the arena overlaps the
@@ -28,15 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "core/core.h"
 #include "core/load.h"
 #include "devices/devices.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -113,38 +109,23 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     return rc || slow <= 0 ? 0 : slow / 1e9;
 }
 
-#define PROBE_READ (UINT64_C(1) << 20) /* bytes of each buffered read of the mapping's probe */
-
 typedef struct map_part {
     pthread_t th;
-    int fd;
-    uint64_t off;
-    void *p;
-    size_t len;
+    const ferry__iofile *file;
+    uint64_t off, len;
     int started, failed;
 } map_part;
 
 static void *populate_part(void *arg)
 {
     map_part *m = arg;
-    unsigned char *buf = malloc(PROBE_READ);
-    for (uint64_t done = 0; buf && done < m->len;) {
-        uint64_t n = m->len - done < PROBE_READ ? m->len - done : PROBE_READ;
-        ssize_t got = pread(m->fd, buf, (size_t)n, (off_t)(m->off + done));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break; /* the populate below meets what stopped the reads */
-        done += (uint64_t)got;
-    }
-    free(buf);
-    m->failed = madvise(m->p, m->len, MADV_POPULATE_READ) != 0;
+    m->failed = ferry__populate_range(m->file, m->off, m->len) != 0;
     return NULL;
 }
 
-/* [OFF, OFF+LEN) of FILE read into the page cache and mapped as a loader populates a tensor
- * (buffered reads, then MADV_POPULATE_READ), in PARTS page-aligned shares at once, as that many
- * loaders populate tensors side by side: GB/s, 0 when it could not run. */
+/* [OFF, OFF+LEN) of FILE brought into the page cache and mapped as a loader populates a tensor,
+ * in PARTS page-aligned shares at once, as that many loaders populate tensors side by side: GB/s,
+ * 0 when it could not run. */
 static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, unsigned parts)
 {
     map_part m[PROBE_PARTS];
@@ -153,8 +134,7 @@ static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, u
     double t0 = ferry__now();
     for (unsigned i = 0; i < parts; i++) {
         uint64_t o = off + share * i, n = i + 1 < parts ? share : len - share * i;
-        m[i] = (map_part){.fd = file->fd, .off = o, .p = (void *)(file->map + o),
-                          .len = (size_t)n};
+        m[i] = (map_part){.file = file, .off = o, .len = n};
         m[i].started = i > 0 && pthread_create(&m[i].th, NULL, populate_part, &m[i]) == 0;
     }
     int failed = 0;

@@ -197,20 +197,17 @@ static int run_job(ferry *f, ferry__loader_ctx *lc, ferry__job *j, ferry__err *e
     return rc;
 }
 
-/* Brings a zero-copy tensor's pages into the page cache and maps them: buffered reads of its
- * bytes through the loader's staging buffer, which the kernel's readahead streams ahead of, then
- * MADV_POPULATE_READ (Linux 5.14) of the cached pages, which maps them and makes pages whose file
- * bytes are gone (a truncated file) an error instead of the SIGBUS a touch would raise. Populating
- * uncached pages directly, each fault reading around its page and waiting, was slower
- * (bench/README.md). A failed read is left to the populate, which says what failed; older kernels
- * keep what the reads cached, and the pages fault into the mapping at first use. No
+/* Brings a zero-copy tensor's pages into the page cache and maps them (ferry__populate_range: the
+ * kernel's readahead asked for each 16 MiB piece while the one before is populated, which maps it
+ * and makes pages whose file bytes are gone, a truncated file, an error instead of the SIGBUS a
+ * touch would raise). Populating uncached pages alone, each fault reading around its page and
+ * waiting, was slower (bench/README.md). Older kernels, without MADV_POPULATE_READ, get buffered
+ * reads through a small buffer (the pages then fault into the mapping at first use). No
  * MADV_SEQUENTIAL: it lets the kernel drop pages right after they are read (it cost 30%). Skipped
  * when the range is already cached. */
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
 static int populate(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, ferry__err *e)
 {
+    (void)lc;
     const ferry__iofile *file = t->file;
     if (!file->map || !t->info.nbytes ||
         ferry__iofile_cached(file, t->info.offset, t->info.nbytes) >= 0.98)
@@ -218,17 +215,7 @@ static int populate(ferry *f, ferry__loader_ctx *lc, ferry_tensor *t, ferry__err
     uint64_t pg = ferry__io_page_size();
     uint64_t s = t->info.offset - t->info.offset % pg, end = t->info.offset + t->info.nbytes;
     int rc = 0;
-    unsigned char *scratch;
-    uint64_t cap;
-    if (ferry__loader_scratch(lc, &scratch, &cap) == 0) {
-        ferry__err ignored[1];
-        ferry__err_clear(ignored);
-        for (uint64_t off = 0; off < t->info.nbytes; off += cap)
-            if (ferry__read_range(f, t, off, FERRY__MIN(cap, t->info.nbytes - off), scratch,
-                                  FERRY_LOAD_READ, 0, ignored))
-                break;
-    }
-    if (madvise((void *)(file->map + s), (size_t)(end - s), MADV_POPULATE_READ) == 0) {
+    if (ferry__populate_range(file, s, end - s) == 0) {
         ferry__add_stat(&f->a_bytes_read, t->info.nbytes);
         return 0;
     }

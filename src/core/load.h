@@ -65,15 +65,16 @@ int ferry__read_at(ferry__io *io, const ferry__iofile *file, uint64_t abs, uint6
  * I/O pool. COUNT: the bytes count as read from the file. */
 int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t off,
                      uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e);
+/* Brings [OFF, OFF+LEN) of FILE (OFF a multiple of the page size) into the page cache and maps it:
+ * in pieces of FERRY__XFER_CHUNK, each asked of the kernel's readahead (POSIX_FADV_WILLNEED) while
+ * the one before is populated (MADV_POPULATE_READ). 0, or -1 with errno from the populate. */
+int ferry__populate_range(const ferry__iofile *file, uint64_t off, uint64_t len);
 /* Moves T's bytes as job J describes (dtype out, LoRA terms) into DST on ENV's device, from
  * SRC_HOST (the host home copy) or else the file, converting and merging on the way. */
 int ferry__transfer(const ferry__xfer_env *env, ferry__loader_ctx *lc, const ferry_tensor *t,
                     const ferry__job *j, const unsigned char *src_host, int home_mapped,
                     ferry_load mode, ferry__copy *dst, ferry__err *e);
 void ferry__loader_ctx_free(ferry__loader_ctx *lc);
-/* LC's first staging buffer (allocated here when it has none): *BUF, *LEN bytes of it; 0 or
- * FERRY_ENOMEM. Its bytes are the loader's until its next transfer. */
-int ferry__loader_scratch(ferry__loader_ctx *lc, unsigned char **buf, uint64_t *len);
 
 /* jobs.c — lock held by all but the first two */
 /* F's I/O pool, counters and trace, and device DEV (-1: none), for transfer.c. */

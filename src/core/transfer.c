@@ -7,6 +7,7 @@
  * The home copy is never written: conversion writes only to the staged copy.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -79,6 +80,25 @@ int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t
     return rc;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+int ferry__populate_range(const ferry__iofile *file, uint64_t off, uint64_t len)
+{
+    const uint64_t step = FERRY__XFER_CHUNK;
+    (void)posix_fadvise(file->fd, (off_t)off, (off_t)FERRY__MIN(step, len), POSIX_FADV_WILLNEED);
+    for (uint64_t at = 0; at < len; at += step) {
+        uint64_t n = FERRY__MIN(step, len - at);
+        if (at + n < len) /* the next piece is read while this one is populated */
+            (void)posix_fadvise(file->fd, (off_t)(off + at + n),
+                                (off_t)FERRY__MIN(step, len - at - n), POSIX_FADV_WILLNEED);
+        if (madvise((void *)(file->map + off + at), (size_t)n, MADV_POPULATE_READ) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- the transfer pipeline -------------------------------------------------------------------- */
 
 static void ctx_release(ferry__loader_ctx *lc)
@@ -146,15 +166,6 @@ void ferry__loader_ctx_free(ferry__loader_ctx *lc)
     ctx_release(lc);
 }
 
-int ferry__loader_scratch(ferry__loader_ctx *lc, unsigned char **buf, uint64_t *len)
-{
-    int rc = ctx_buffers(lc, NEED_STAGE, FERRY__XFER_CHUNK, NULL, 1);
-    if (rc)
-        return rc;
-    *buf = lc->stage[0];
-    *len = lc->cap;
-    return 0;
-}
 
 static int wait_slot(ferry_device *d, ferry__loader_ctx *lc, int slot)
 {
