@@ -87,7 +87,8 @@ int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t
 int ferry__populate_range(const ferry__iofile *file, uint64_t off, uint64_t len)
 {
     const uint64_t step = FERRY__XFER_CHUNK;
-    (void)posix_fadvise(file->fd, (off_t)off, (off_t)FERRY__MIN(step, len), POSIX_FADV_WILLNEED);
+    (void)posix_fadvise(file->fd, (off_t)off, (off_t)FERRY__MIN(step, len),
+                        POSIX_FADV_WILLNEED);
     for (uint64_t at = 0; at < len; at += step) {
         uint64_t n = FERRY__MIN(step, len - at);
         if (at + n < len) /* the next piece is read while this one is populated */
@@ -165,7 +166,6 @@ void ferry__loader_ctx_free(ferry__loader_ctx *lc)
 {
     ctx_release(lc);
 }
-
 
 static int wait_slot(ferry_device *d, ferry__loader_ctx *lc, int slot)
 {

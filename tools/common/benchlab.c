@@ -492,8 +492,7 @@ static int run_direct(benchlab *b)
 
 /* The best of 1 and 2 threads touching BYTES of fresh memory (HUGE: in 2 MiB pages), a rest
  * before the second: memory a measurement has just freed is not yet back with the host, and the
- * next one would fault it in much faster than a program that starts (on this VM 0.4-0.5 GB/s a
- * thread in 2 MiB pages rested, 16 GB/s right after 2 GiB were freed). */
+ * next one would fault it in much faster than a program that starts (bench/README.md). */
 static double fresh_best(benchlab *b, int huge, uint64_t bytes, unsigned *threads)
 {
     double best = 0;

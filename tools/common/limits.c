@@ -270,7 +270,8 @@ double limits_direct_read(const char *path, unsigned readers, uint64_t request)
     /* Enough pieces a reader that all readers' buffers hold LIMITS_DIRECT_DEST bytes, but no more
      * than a reader can fill: the file's pieces shared out (a small file needs no more). */
     uint64_t pieces = (size + request - 1) / request, per_reader = (pieces + readers - 1) / readers;
-    job.slots = (LIMITS_DIRECT_DEST + (uint64_t)readers * request - 1) / ((uint64_t)readers * request);
+    uint64_t all = (uint64_t)readers * request;
+    job.slots = (LIMITS_DIRECT_DEST + all - 1) / all;
     if (job.slots > per_reader)
         job.slots = per_reader;
     if (job.slots == 0)

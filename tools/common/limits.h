@@ -23,9 +23,8 @@
 /* Bytes the O_DIRECT limit reads into before it writes over any of them: at least this much
  * destination memory (or the file's size, where that is less), shared by the readers. A load puts
  * every byte of a model in a place of its own and a stream reads into the memory its budget keeps;
- * into a few reused buffers of 16 MiB the same disk read faster than any load could (on the 2-CPU
- * VM of bench/README.md, 2026-12-04: 2.85-3.05 GB/s into 16 MiB, 2.2 into 64 MiB and 2.15 into
- * 512 MiB, alternating in the same minutes): the host's copy into guest memory stays in its caches. */
+ * into a few reused buffers of 16 MiB the same disk read faster than any load could
+ * (bench/README.md, "The O_DIRECT limit into memory of a load's size"). */
 #define LIMITS_DIRECT_DEST (UINT64_C(256) << 20)
 
 /* O_DIRECT sequential read of the whole of PATH, after dropping it from the page cache: READERS
@@ -66,7 +65,7 @@ double limits_fresh_memory_best(uint64_t bytes, unsigned *best_threads);
  * whole 2 MiB pages and each thread's share whole ones: the memory of ferry's host buffers of
  * 2 MiB and up (a stream's budget). Where the host takes free 2 MiB blocks back (free page
  * reporting in a VM), these come back slower than small pages, which the guest's free memory may
- * still hold in pieces: on the VM of bench/README.md, 0.4-0.5 GB/s a thread against 2-5. */
+ * still hold in pieces (bench/README.md). */
 double limits_fresh_huge_memory(uint64_t bytes, unsigned threads);
 
 /* Read bandwidth of resident memory: a reused buffer of BYTES (0: four times the last-level
