@@ -272,10 +272,8 @@ double limits_direct_read(const char *path, unsigned readers, uint64_t request)
     uint64_t pieces = (size + request - 1) / request, per_reader = (pieces + readers - 1) / readers;
     uint64_t all = (uint64_t)readers * request;
     job.slots = (LIMITS_DIRECT_DEST + all - 1) / all;
-    if (job.slots > per_reader)
+    if (job.slots > per_reader) /* both at least 1: the file is not empty */
         job.slots = per_reader;
-    if (job.slots == 0)
-        job.slots = 1;
     atomic_init(&job.next, 0);
     atomic_init(&job.error, 0);
     direct_reader rd[MAX_THREADS];
