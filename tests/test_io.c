@@ -216,7 +216,6 @@ static void test_errors(const ferry__iofile *f, const char *dir)
         CHECK_EQ_INT(ferry__io_read(&g, 0, 0, buf, (ferry_load)m, &e), 0);
         CHECK_EQ_INT(ferry__io_read(&g, 0, 1, buf, (ferry_load)m, &e), FERRY_EIO);
     }
-    ferry__iofile_advise(&g, 0, 100, MADV_WILLNEED);
     CHECK(ferry__iofile_cached(&g, 0, 100) == 0.0);
     CHECK_EQ_INT(ferry__iofile_drop_cache(&g), 0);
     ferry__iofile_close(&g);
@@ -285,20 +284,10 @@ static void test_cache(const ferry__iofile *f)
         CHECK_EQ_INT(ferry__io_read(f, 16 * MIB, 8 * MIB, b, FERRY_LOAD_MMAP, &e), 0);
         CHECK(ferry__iofile_cached(f, 16 * MIB, 8 * MIB) >= 0.9);
         CHECK(memcmp(b, pattern + 16 * MIB, 8 * MIB) == 0);
-        /* will-need brings pages in (asynchronously: give it a moment) */
-        ferry__iofile_advise(f, 0, 4 * MIB, MADV_WILLNEED);
-        double c = 0;
-        for (int i = 0; i < 200 && (c = ferry__iofile_cached(f, 0, 4 * MIB)) < 0.9; i++)
-            usleep(10000);
-        CHECK(c >= 0.9);
     } else {
         fprintf(stderr, "note: drop_cache left %.0f%% cached; skipping cold checks\n",
                 cold * 100);
     }
-    /* advice on odd ranges is harmless */
-    ferry__iofile_advise(f, S - 1, 100, MADV_SEQUENTIAL);
-    ferry__iofile_advise(f, S + 5, 100, MADV_SEQUENTIAL);
-    ferry__iofile_advise(f, 3, UINT64_MAX, MADV_NORMAL);
     free(b);
 }
 

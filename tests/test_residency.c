@@ -229,6 +229,28 @@ static void test_lock_zero_copy(const char *dev_spec)
     ferry_destroy(f);
 }
 
+/* The VmFlags of the mapping that holds P, from /proc/self/smaps, into OUT; 0 when found. */
+static int vma_flags(const void *p, char *out, size_t n)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[512];
+    int inside = 0, found = -1;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(out, n, "%.*s", (int)(n - 1), line + 8);
+            found = 0;
+            break;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
 static void test_lazy(void)
 {
     ferry *f = ferry_create(NULL);
@@ -258,6 +280,13 @@ static void test_lazy(void)
     unsigned char *d = ferry_tensor_data(emb);
     /* lazy stays on the host behind the mapping even with a sim compute device, never locked */
     CHECK(d == emb->file->map + info.offset);
+    /* not advised random: a product over the whole tensor faults it in with the kernel's
+     * read-around, not one page per fault ("rr" is MADV_RANDOM's flag) */
+    char flags[512];
+    if (vma_flags(d, flags, sizeof flags) == 0)
+        CHECK(strstr(flags, " rr") == NULL);
+    else
+        fprintf(stderr, "note: /proc/self/smaps unreadable; lazy advice not checked\n");
     ferry_stats st;
     ferry_get_stats(f, &st);
     CHECK_EQ_INT(st.locked_bytes, 0);

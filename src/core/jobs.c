@@ -302,8 +302,10 @@ int ferry__needs(ferry *f, ferry_tensor *t, int home_only)
     if (t->lazy) {
         if (t->comp.state == FERRY__EMPTY) {
             t->comp.dev = FERRY__HOST;
+            /* No advice: the kernel's read-around serves a product over the whole tensor at
+             * the disk's pace, where MADV_RANDOM read it 4 KiB per fault (bench/README, lazy
+             * tensors); a gather of a few rows is ferry_read_rows' job. */
             ferry__copy_map(f, t, &t->comp, mapped);
-            ferry__iofile_advise(file, t->info.offset, t->info.nbytes, MADV_RANDOM);
         }
         return 0;
     }

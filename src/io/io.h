@@ -76,9 +76,6 @@ void ferry__guard_unregister(int slot);
 /* The system page size (cached). */
 uint64_t ferry__io_page_size(void);
 
-/* madvise on the mapping over [off, off+len) (rounded out to pages). ADVICE is MADV_*. Errors
- * ignored (advice is advice). */
-void ferry__iofile_advise(const ferry__iofile *f, uint64_t off, uint64_t len, int advice);
 /* Fraction (0..1) of the pages of [off, off+len) resident in the page cache (mincore on the
  * mapping). */
 double ferry__iofile_cached(const ferry__iofile *f, uint64_t off, uint64_t len);

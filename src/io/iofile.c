@@ -1,7 +1,7 @@
 /*
  * iofile.c — files opened for reading by the I/O engine: a buffered descriptor, an O_DIRECT
  * descriptor when the filesystem allows one, and a read-only shared mapping of the whole file;
- * plus the page-cache probes (madvise by range, mincore residency, dropping the file's pages).
+ * plus the page-cache probes (mincore residency, dropping the file's pages).
  *
  * ferry never writes a model file, so the mapping is PROT_READ of a read-only descriptor: no page
  * of it is ever dirty, no mprotect can make it writable, and dropping its pages from the page
@@ -248,13 +248,6 @@ static int page_range(const ferry__iofile *f, uint64_t off, uint64_t len, uint64
     *start = s;
     *n = t - s;
     return 1;
-}
-
-void ferry__iofile_advise(const ferry__iofile *f, uint64_t off, uint64_t len, int advice)
-{
-    uint64_t s, n;
-    if (page_range(f, off, len, &s, &n))
-        (void)madvise((void *)(f->map + s), (size_t)n, advice);
 }
 
 double ferry__iofile_cached(const ferry__iofile *f, uint64_t off, uint64_t len)
