@@ -83,7 +83,11 @@ typedef struct benchlab_stream {
     double first_efficiency;
     double first_fault_s; /* min(B, M) / fresh memory: the kept memory faulted in for the first
                              time as the pass fills it (0: fresh memory not measured, or a device) */
-    double first_machine_efficiency; /* max(first_bound, first_fault_s) / first_seconds */
+    double first_limit_s; /* limits_first_pass before it, B kept: the same read by a plain
+                             program, its kept bytes into fresh memory; the faster of the readers
+                             faulting and two threads faulting ahead (0: not measured) */
+    unsigned first_limit_faulters; /* which: 0 or 2 */
+    double first_machine_efficiency; /* max(first_bound, first_limit_s) / first_seconds */
     int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
     uint64_t working_set; /* W of this stream's sets (the capped stream cuts layers larger than
                              B/32 into tensors, and tensors larger than it into row ranges); 0: benchlab.working_set */

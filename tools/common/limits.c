@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry.h"
@@ -177,13 +178,76 @@ typedef struct direct_job {
     _Atomic uint64_t next;    /* offset of the next piece */
     _Atomic int error;        /* first FERRY_E code of any reader */
     gate start;               /* readers arrive with their buffers faulted in */
+    /* limits_first_pass: the file's first KEEP bytes go to their own place in FRESH (mapped,
+     * never touched before the clock); with faulters, readers wait until FAULTED covers a piece */
+    unsigned char *fresh;
+    uint64_t keep;            /* 0: every piece into the readers' reused buffers */
+    unsigned faulters;
+    _Atomic uint64_t faulted; /* bytes of FRESH from 0 that the faulters have touched */
+    _Atomic uint64_t fault_next;
+    pthread_mutex_t fault_mu; /* guards done and the advance of faulted */
+    unsigned char *done;      /* per 2 MiB unit of FRESH: touched, not yet counted in faulted */
 } direct_job;
+
+#define FIRST_UNIT (UINT64_C(2) << 20)
 
 typedef struct direct_reader {
     direct_job *job;
     uint64_t bytes;
     double t0, t1;
 } direct_reader;
+
+static void nap(void)
+{
+    struct timespec ts = {0, 100 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* The place of the piece [OFF, OFF + WANT) of the kept bytes in job->fresh, made ready: touched
+ * by the reader itself (one byte a page, as ferry's loaders fault a fresh block in), or, with
+ * faulters, once they have touched all of it. 1 when the job failed meanwhile. */
+static int fresh_place(direct_job *job, uint64_t off, uint64_t want, unsigned char **dst)
+{
+    *dst = job->fresh + off;
+    uint64_t end = off + want;
+    if (!job->faulters) {
+        for (uint64_t at = 0; at < want; at += ALIGN)
+            (*dst)[at] = 0;
+        return 0;
+    }
+    uint64_t need = round_up(end < job->keep ? end : job->keep, FIRST_UNIT);
+    while (atomic_load(&job->faulted) < need)
+        if (atomic_load(&job->error))
+            return 1;
+        else
+            nap();
+    return 0;
+}
+
+/* A faulter of limits_first_pass: touches the 2 MiB units of job->fresh in file order, each by
+ * whichever faulter takes it, and advances job->faulted over the units done from the start. */
+static void *fault_main(void *arg)
+{
+    direct_job *job = arg;
+    uint64_t len = round_up(job->keep, FIRST_UNIT);
+    gate_arrive(&job->start);
+    for (;;) {
+        uint64_t at = atomic_fetch_add(&job->fault_next, FIRST_UNIT);
+        if (at >= len || atomic_load(&job->error))
+            break;
+        volatile unsigned char *p = job->fresh + at;
+        for (uint64_t o = 0; o < FIRST_UNIT; o += ALIGN)
+            p[o] = 0;
+        pthread_mutex_lock(&job->fault_mu);
+        job->done[at / FIRST_UNIT] = 1;
+        uint64_t f = atomic_load(&job->faulted);
+        while (f < len && job->done[f / FIRST_UNIT])
+            f += FIRST_UNIT;
+        atomic_store(&job->faulted, f);
+        pthread_mutex_unlock(&job->fault_mu);
+    }
+    return NULL;
+}
 
 static void *direct_main(void *arg)
 {
@@ -219,6 +283,8 @@ static void *direct_main(void *arg)
         /* The last piece asks for whole blocks; the read comes back short at the end. */
         uint64_t want = round_up(job->size - off < job->piece ? job->size - off : job->piece,
                                  ALIGN);
+        if (off < job->keep && fresh_place(job, off, want, &dst))
+            break;
         uint64_t got = 0;
         while (got < want) {
             ssize_t n = pread(job->fd, dst + got, (size_t)(want - got),
@@ -241,7 +307,27 @@ static void *direct_main(void *arg)
     return NULL;
 }
 
+static double direct_run(const char *path, unsigned readers, uint64_t request, uint64_t keep,
+                         unsigned faulters, double *seconds);
+
 double limits_direct_read(const char *path, unsigned readers, uint64_t request)
+{
+    return direct_run(path, readers, request, 0, 0, NULL);
+}
+
+double limits_first_pass(const char *path, uint64_t keep, unsigned readers, uint64_t request,
+                         unsigned faulters, double *seconds)
+{
+    if (seconds)
+        *seconds = 0;
+    if (faulters > MAX_THREADS)
+        return FERRY_EINVAL;
+    return direct_run(path, readers, request, keep, faulters, seconds);
+}
+
+/* limits_direct_read, and limits_first_pass where KEEP > 0. */
+static double direct_run(const char *path, unsigned readers, uint64_t request, uint64_t keep,
+                         unsigned faulters, double *seconds)
 {
     uint64_t size;
     int rc = file_size(path, &size);
@@ -276,24 +362,62 @@ double limits_direct_read(const char *path, unsigned readers, uint64_t request)
         job.slots = per_reader;
     atomic_init(&job.next, 0);
     atomic_init(&job.error, 0);
+    atomic_init(&job.faulted, 0);
+    atomic_init(&job.fault_next, 0);
+    /* The kept bytes' fresh memory: 2 MiB-aligned and advised huge pages, as a stream's host
+     * buffers are; mapped before the clock (a mapping costs nothing until touched). */
+    size_t fresh_len = 0, fresh_map_len = 0;
+    unsigned char *fresh_map = NULL;
+    job.keep = keep < size ? keep : size;
+    if (job.keep) {
+        /* room for the whole of the last piece that starts below KEEP */
+        fresh_len = (size_t)round_up(job.keep + job.piece, FIRST_UNIT);
+        fresh_map_len = fresh_len + (size_t)FIRST_UNIT;
+        fresh_map = mmap(NULL, fresh_map_len, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        job.done = calloc(fresh_len / FIRST_UNIT, 1);
+        if (fresh_map == MAP_FAILED || !job.done) {
+            if (fresh_map != MAP_FAILED)
+                munmap(fresh_map, fresh_map_len);
+            free(job.done);
+            close(fd);
+            return FERRY_ENOMEM;
+        }
+        job.fresh = fresh_map + (FIRST_UNIT - (uintptr_t)fresh_map % FIRST_UNIT) % FIRST_UNIT;
+#ifdef MADV_HUGEPAGE
+        (void)madvise(job.fresh, fresh_len, MADV_HUGEPAGE);
+#endif
+        job.faulters = faulters;
+    }
+    pthread_mutex_init(&job.fault_mu, NULL);
     direct_reader rd[MAX_THREADS];
-    pthread_t th[MAX_THREADS];
+    pthread_t th[MAX_THREADS], fth[MAX_THREADS];
     memset(rd, 0, sizeof rd);
     gate_init(&job.start);
-    unsigned started = 0;
+    unsigned started = 0, fstarted = 0;
     for (; started < readers; started++) {
         rd[started].job = &job;
         if (pthread_create(&th[started], NULL, direct_main, &rd[started]) != 0)
             break;
     }
-    if (started < readers)
-        set_error(&job.error, FERRY_ENOMEM); /* the readers that started stop at once */
-    gate_await(&job.start, started);
+    for (; started == readers && fstarted < job.faulters; fstarted++)
+        if (pthread_create(&fth[fstarted], NULL, fault_main, &job) != 0)
+            break;
+    if (started < readers || fstarted < job.faulters)
+        set_error(&job.error, FERRY_ENOMEM); /* the threads that started stop at once */
+    gate_await(&job.start, started + fstarted);
+    double t_open = ferry_now();
     gate_open(&job.start);
     for (unsigned i = 0; i < started; i++)
         pthread_join(th[i], NULL);
+    for (unsigned i = 0; i < fstarted; i++)
+        pthread_join(fth[i], NULL);
     gate_destroy(&job.start);
+    pthread_mutex_destroy(&job.fault_mu);
     close(fd);
+    if (fresh_map)
+        munmap(fresh_map, fresh_map_len);
+    free(job.done);
 
     double t0 = 0, t1 = 0;
     uint64_t bytes = 0;
@@ -307,8 +431,12 @@ double limits_direct_read(const char *path, unsigned readers, uint64_t request)
     int err = atomic_load(&job.error);
     if (err)
         return err;
+    if (job.keep)
+        t0 = t_open; /* the faulters' work before the first read counts */
     if (bytes != size || t1 <= t0)
         return FERRY_EIO;
+    if (seconds)
+        *seconds = t1 - t0;
     return (double)bytes / (t1 - t0) / 1e9;
 }
 
