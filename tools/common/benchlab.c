@@ -422,8 +422,8 @@ static void settle(const benchlab *b);
 
 /* The first-pass limit (limits_first_pass) over the model's files in turn, the first KEEP bytes
  * of them all kept, with the O_DIRECT limit's readers and request size: the fewest seconds of
- * FAULTERS = 0 (the readers fault) and 2 (two threads fault ahead), each after a rest. 0 where a
- * read fails. *BEST_FAULTERS gets the winner's. */
+ * FAULTERS = 0 (the readers fault) and 2 (two threads fault ahead), each after a rest, as the
+ * first pass had one. 0 where a read fails. *BEST_FAULTERS gets the winner's. */
 static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulters)
 {
     static const unsigned ways[] = {0, 2};
@@ -853,10 +853,6 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
          * measured with the best readers/request size found earlier */
         if (!device && !b->no_direct && !b->split_large)
             r->limit[p] = direct_best_read(b);
-        /* the first pass's own limit: the same read, the kept bytes into fresh memory */
-        if (p == 0 && !device && !b->no_direct && !b->split_large)
-            r->first_limit_s = first_pass_limit(b, r->budget < b->model ? r->budget : b->model,
-                                                &r->first_limit_faulters);
         if (!device && (rc = drop_files(b)))
             break;
         if (p == 0)
@@ -883,6 +879,11 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
 out:
     free_sets(sets);
     ferry_destroy(f);
+    /* the first pass's own limit: the same read, the kept bytes into fresh memory; after the
+     * stream (and a rest), so that the memory it frees cannot be the first pass's */
+    if (!rc && !device && !b->no_direct && !b->split_large)
+        r->first_limit_s = first_pass_limit(b, r->budget < b->model ? r->budget : b->model,
+                                            &r->first_limit_faulters);
     return rc;
 }
 
