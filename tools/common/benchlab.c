@@ -419,18 +419,19 @@ static double direct_best_read(benchlab *b)
 }
 
 static void settle(const benchlab *b);
+static void rest_long(const benchlab *b);
 
 /* The first-pass limit (limits_first_pass) over the model's files in turn, the first KEEP bytes
  * of them all kept, with the O_DIRECT limit's readers and request size: the fewest seconds of
- * FAULTERS = 0 (the readers fault) and 2 (two threads fault ahead), each after a rest, as the
- * first pass had one. 0 where a read fails. *BEST_FAULTERS gets the winner's. */
+ * FAULTERS = 0 (the readers fault) and 2 (two threads fault ahead), each after the long rest
+ * the first pass had. 0 where a read fails. *BEST_FAULTERS gets the winner's. */
 static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulters)
 {
     static const unsigned ways[] = {0, 2};
     double best = 0;
     *best_faulters = 0;
     for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
-        settle(b);
+        rest_long(b);
         double secs = 0;
         uint64_t before = 0;
         for (size_t i = 0; i < b->n_files && secs >= 0; i++) {
@@ -462,6 +463,17 @@ static void settle(const benchlab *b)
                           (long)((b->settle - (double)(time_t)b->settle) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+/* Four rests: before a stream's first pass and each run of its limit, which fault in up to the
+ * model's size of fresh memory after a step that freed as much. On the development VM fresh
+ * 2 MiB pages came at 8.6 GB/s right after a 1 GiB free, 1.0-1.3 after 4 s, 0.67 after 8 s and
+ * 0.39 after 16 or 32 s (bench/README.md): one rest leaves the next step some of the memory the
+ * step before freed, and the first pass and its limit follow steps that free different sizes. */
+static void rest_long(const benchlab *b)
+{
+    for (int i = 0; i < 4; i++)
+        settle(b);
 }
 
 /* The O_DIRECT limit right before a cold load: limit, load, limit, load, as the disk drifts. */
@@ -856,7 +868,7 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
         if (!device && (rc = drop_files(b)))
             break;
         if (p == 0)
-            settle(b);
+            rest_long(b);
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
         double t0 = ferry_now();
@@ -880,7 +892,7 @@ out:
     free_sets(sets);
     ferry_destroy(f);
     /* the first pass's own limit: the same read, the kept bytes into fresh memory; after the
-     * stream (and a rest), so that the memory it frees cannot be the first pass's */
+     * stream and a long rest, so that the memory it frees cannot be the first pass's */
     if (!rc && !device && !b->no_direct && !b->split_large)
         r->first_limit_s = first_pass_limit(b, r->budget < b->model ? r->budget : b->model,
                                             &r->first_limit_faulters);

@@ -286,8 +286,9 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     if (b->streams_only)
         printf("streams only; load average %s before, %s after\n\n", load_before, load_after);
     else
-        printf("%zu run(s), medians; %.0f s of rest before each load and first pass; load "
-               "average %s before, %s after\n\n", b->runs, b->settle, load_before, load_after);
+        printf("%zu run(s), medians; %.0f s of rest before each load, %.0f s before each first "
+               "pass and its limit; load average %s before, %s after\n\n", b->runs, b->settle,
+               4 * b->settle, load_before, load_after);
     printf("  %-38s %8s\n", "limits", "GB/s");
     if (b->no_direct) {
         printf("  %-38s %8.3f   (O_DIRECT refused here: a cold buffered read)\n", "disk read",
@@ -709,10 +710,11 @@ int cmd_bench(int argc, char **argv)
         "  --passes N             streamed passes per budget, at least 3 (default 3); the median\n"
         "                         of passes 2..N is judged\n"
         "  --quick                one run, fewer reader counts: a quick look, not a measurement\n"
-        "  --settle SECONDS       rest before each load, the fresh-memory test and each\n"
-        "                         stream's first pass, holding no memory, as a program starts\n"
-        "                         (default 4, 0 with --quick): a VM that reports free memory to\n"
-        "                         its host takes back what the step before freed\n"
+        "  --settle SECONDS       rest before each load and the fresh-memory test, four times\n"
+        "                         that before each stream's first pass and each run of its\n"
+        "                         limit, holding no memory, as a program starts (default 4, 0\n"
+        "                         with --quick): a VM that reports free memory to its host\n"
+        "                         takes back what the step before freed\n"
         "  --device SPEC          also stream with compute on SPEC (sim:SIZE@BW, cuda:N), home\n"
         "                         host, device budget 1/4 of the model: bound (M - B + W) / BW,\n"
         "                         BW the spec's, else the link's measured (pinned copies)\n"
