@@ -867,7 +867,9 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
             r->limit[p] = direct_best_read(b);
         if (!device && (rc = drop_files(b)))
             break;
-        if (p == 0)
+        if (p == 0 && b->sweeping)
+            settle(b);
+        else if (p == 0)
             rest_long(b);
         ferry_stats s0, s1;
         ferry_get_stats(f, &s0);
@@ -893,7 +895,7 @@ out:
     ferry_destroy(f);
     /* the first pass's own limit: the same read, the kept bytes into fresh memory; after the
      * stream and a long rest, so that the memory it frees cannot be the first pass's */
-    if (!rc && !device && !b->no_direct && !b->split_large)
+    if (!rc && !device && !b->no_direct && !b->split_large && !b->sweeping)
         r->first_limit_s = first_pass_limit(b, r->budget < b->model ? r->budget : b->model,
                                             &r->first_limit_faulters);
     return rc;
@@ -1262,6 +1264,7 @@ static int sweep_stream_io(benchlab *b)
     int rc = 0;
     static benchlab_stream r; /* large: the samples */
     b->passes = 2;
+    b->sweeping = 1; /* judged by the second pass: no long rest, no first-pass limit */
     for (size_t q = 0; q < nq && !rc; q++)
         for (size_t i = 0; i < nr && !rc; i++) {
             b->stream_readers = readers[i];
@@ -1281,6 +1284,7 @@ static int sweep_stream_io(benchlab *b)
             }
         }
     b->passes = saved_passes;
+    b->sweeping = 0;
     b->stream_readers = best_r;
     b->stream_request = best_q;
     return rc;

@@ -125,6 +125,7 @@ typedef struct benchlab {
     int cap_only;              /* --cap-only: the O_DIRECT limit and the capped stream only */
     uint32_t stream_readers;   /* --stream-io: fixed I/O settings of the streams, no sweep */
     uint64_t stream_request;
+    int sweeping;              /* (internal) the streams' I/O sweep runs */
     int split_large;           /* (internal) the capped stream: layers above B/32 cut into tensors,
                                   tensors above it into row ranges (slices),
                                   no O_DIRECT limit reads inside the cgroup */
