@@ -466,10 +466,10 @@ static void settle(const benchlab *b)
 }
 
 /* Four rests: before a stream's first pass and each run of its limit, which fault in up to the
- * model's size of fresh memory after a step that freed as much. On the development VM fresh
- * 2 MiB pages came at 8.6 GB/s right after a 1 GiB free, 1.0-1.3 after 4 s, 0.67 after 8 s and
- * 0.39 after 16 or 32 s (bench/README.md): one rest leaves the next step some of the memory the
- * step before freed, and the first pass and its limit follow steps that free different sizes. */
+ * model's size of fresh memory after a step that freed as much. A VM that reports free memory
+ * takes a freed gigabyte back over seconds, not at once (bench/README.md, "The first pass against
+ * its own limit"): one rest leaves the next step some of what the step before freed, and the
+ * first pass and its limit follow steps that free different sizes. */
 static void rest_long(const benchlab *b)
 {
     for (int i = 0; i < 4; i++)
