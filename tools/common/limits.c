@@ -211,8 +211,9 @@ static int fresh_place(direct_job *job, uint64_t off, uint64_t want, unsigned ch
     *dst = job->fresh + off;
     uint64_t end = off + want;
     if (!job->faulters) {
+        volatile unsigned char *p = *dst;
         for (uint64_t at = 0; at < want; at += ALIGN)
-            (*dst)[at] = 0;
+            p[at] = 0;
         return 0;
     }
     uint64_t need = round_up(end < job->keep ? end : job->keep, FIRST_UNIT);
