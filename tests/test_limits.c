@@ -3,8 +3,9 @@
  * limits.c, in ferry_tools): each returns a positive rate on a real file and memory, and
  * a negative error code on a missing file or a folder.
  */
-#include "check.h"
 #include <math.h>
+
+#include "check.h"
 #include "ferry.h"
 #include "ferry_tools.h"
 

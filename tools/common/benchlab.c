@@ -418,8 +418,31 @@ static double direct_best_read(benchlab *b)
     return secs > 0 ? (double)b->file_bytes / secs / 1e9 : 0;
 }
 
-static void settle(const benchlab *b);
-static void rest_long(const benchlab *b);
+/* Rest before a measurement that takes fresh memory (the loads, the fresh-memory test, a stream's
+ * first pass), holding none: a virtual machine that
+ * reports free memory to its host (free page reporting) hands what the previous step freed back
+ * within seconds, and a program that loads a model at its start finds memory in that state, not
+ * the warm pages a step just freed. */
+static void settle(const benchlab *b)
+{
+    if (b->settle <= 0)
+        return;
+    struct timespec ts = {(time_t)b->settle,
+                          (long)((b->settle - (double)(time_t)b->settle) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Four rests: before a stream's first pass and each run of its limit, which fault in up to the
+ * model's size of fresh memory after a step that freed as much. A VM that reports free memory
+ * takes a freed gigabyte back over seconds, not at once (bench/README.md, "The first pass against
+ * its own limit"): one rest leaves the next step some of what the step before freed, and the
+ * first pass and its limit follow steps that free different sizes. */
+static void rest_long(const benchlab *b)
+{
+    for (int i = 0; i < 4; i++)
+        settle(b);
+}
 
 /* The first-pass limit (limits_first_pass) over the model's files in turn, the first KEEP bytes
  * of them all kept, with the O_DIRECT limit's readers and request size: the fewest seconds of
@@ -448,32 +471,6 @@ static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulte
         }
     }
     return best;
-}
-
-/* Rest before a measurement that takes fresh memory (the loads, the fresh-memory test, a stream's
- * first pass), holding none: a virtual machine that
- * reports free memory to its host (free page reporting) hands what the previous step freed back
- * within seconds, and a program that loads a model at its start finds memory in that state, not
- * the warm pages a step just freed. */
-static void settle(const benchlab *b)
-{
-    if (b->settle <= 0)
-        return;
-    struct timespec ts = {(time_t)b->settle,
-                          (long)((b->settle - (double)(time_t)b->settle) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* Four rests: before a stream's first pass and each run of its limit, which fault in up to the
- * model's size of fresh memory after a step that freed as much. A VM that reports free memory
- * takes a freed gigabyte back over seconds, not at once (bench/README.md, "The first pass against
- * its own limit"): one rest leaves the next step some of what the step before freed, and the
- * first pass and its limit follow steps that free different sizes. */
-static void rest_long(const benchlab *b)
-{
-    for (int i = 0; i < 4; i++)
-        settle(b);
 }
 
 /* The O_DIRECT limit right before a cold load: limit, load, limit, load, as the disk drifts. */

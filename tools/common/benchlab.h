@@ -83,7 +83,7 @@ typedef struct benchlab_stream {
     double first_efficiency;
     double first_fault_s; /* min(B, M) / fresh memory: the kept memory faulted in for the first
                              time as the pass fills it (0: fresh memory not measured, or a device) */
-    double first_limit_s; /* limits_first_pass before it, B kept: the same read by a plain
+    double first_limit_s; /* limits_first_pass after the stream, B kept: the same read by a plain
                              program, its kept bytes into fresh memory; the faster of the readers
                              faulting and two threads faulting ahead (0: not measured) */
     unsigned first_limit_faulters; /* which: 0 or 2 */

@@ -702,7 +702,7 @@ int cmd_bench(int argc, char **argv)
         "first pass also against the same O_DIRECT read by a plain program whose first B\n"
         "bytes go to fresh memory, as the budget keeps them. Needs a\n"
         "filesystem that allows O_DIRECT, and rights to drop the\n"
-        "file from the page cache (its owner can). Reads the file from the disk about 15 times\n"
+        "file from the page cache (its owner can). Reads the file from the disk about 19 times\n"
         "per run.\n"
         "\n"
         "options:\n"
