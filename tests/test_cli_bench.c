@@ -95,13 +95,17 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
     else
         CHECK(fault == 0);
     /* and against its own limit: the same read by a plain program, B bytes kept in fresh
-     * memory, the faster of the readers faulting and two threads faulting ahead (cpu streams) */
+     * memory, the fastest of huge pages faulted by the readers or by two threads ahead and small
+     * pages faulted by the readers (cpu streams) */
     double f_lim = jnum(jget(s, "first_pass_limit_seconds"));
     double f_ways = jnum(jget(s, "first_pass_limit_faulters"));
+    const ferry__json *fp = jget(s, "first_pass_limit_pages");
+    const char *f_pages = fp && fp->type == FERRY__JSON_STRING ? fp->str : NULL;
+    CHECK(f_pages && (strcmp(f_pages, "huge") == 0 || strcmp(f_pages, "small") == 0));
     if (strcmp(device, "cpu") == 0 && overlap_r > 0) /* O_DIRECT works: it was measured */
-        CHECK(f_lim > 0 && (f_ways == 0 || f_ways == 2));
+        CHECK(f_lim > 0 && (f_ways == 0 || (f_ways == 2 && f_pages && !strcmp(f_pages, "huge"))));
     else
-        CHECK(f_lim == 0 && f_ways == 0);
+        CHECK(f_lim == 0 && f_ways == 0 && f_pages && !strcmp(f_pages, "huge"));
     CHECK(fabs(f_mach - fmax(f_bound, f_lim) / f_secs) <= 1e-9 * f_mach + 1e-12);
     /* the bound with the CPUs shared: read and compute at once at the measured ratios (at most
      * 1) until one is done, then the other alone; between the max and the sum of the two */
@@ -210,6 +214,18 @@ static void test_json(const char *model_path)
         CHECK(o_r > 0 && o_c > 0 && isfinite(o_r) && isfinite(o_c));
     else
         CHECK(o_r == 0 && o_c == 0);
+    /* a plain program's cold load (the model into fresh memory with O_DIRECT), where O_DIRECT
+     * works, and the cold load against the lower of it and min(O_DIRECT, fresh memory) */
+    double cl = jnum(jget(&doc, "cold_load_limit_gbps"));
+    double cm = jnum(jget(&doc, "cold_load_machine_ratio"));
+    const ferry__json *cp = jget(&doc, "cold_load_limit_pages");
+    CHECK(cp && cp->type == FERRY__JSON_STRING);
+    int direct_ok = dsup && dsup->type == FERRY__JSON_BOOL && dsup->b;
+    if (cp && cp->type == FERRY__JSON_STRING)
+        CHECK(direct_ok ? cl > 0 && (!strcmp(cp->str, "small") || !strcmp(cp->str, "huge"))
+                        : cl == 0 && !strcmp(cp->str, "none"));
+    double cold_den = cl > 0 ? fmin(fmin(direct, fresh), cl) : fmin(direct, fresh);
+    CHECK(fabs(cm - cold / cold_den) <= 1e-9 * cm);
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));
     CHECK(jnum(jget(&doc, "runs")) == 1); /* --quick */
     CHECK(jnum(jget(&doc, "settle_seconds")) == 0); /* --quick rests nowhere */

@@ -45,24 +45,28 @@ int main(void)
     /* requests that do not divide the file, more readers than pieces some of them get */
     g = limits_direct_read(path, 3, 5u << 20);
     CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
-    /* the first pass: the first KEEP bytes into fresh memory, by the readers or by faulters
-     * ahead of them; KEEP not a whole number of requests or 2 MiB units, or the whole file */
+    /* the first pass: the first KEEP bytes into fresh memory of either kind of page, by the
+     * readers or by faulters ahead of them; KEEP not a whole number of requests or 2 MiB units,
+     * or the whole file */
     const uint64_t keeps[] = {(9u << 20) + 4096, n, 2 * (uint64_t)n};
+    const limits_pages kinds[] = {LIMITS_PAGES_HUGE, LIMITS_PAGES_SMALL};
     for (size_t k = 0; k < 3; k++)
-        for (unsigned faulters = 0; faulters <= 2; faulters++) {
+        for (unsigned w = 0; w < 6; w++) {
+            unsigned faulters = w % 3;
             double secs = -1;
-            g = limits_first_pass(path, keeps[k], 3, 5u << 20, faulters, &secs);
+            g = limits_first_pass(path, keeps[k], 3, 5u << 20, faulters, kinds[w / 3], &secs);
             CHECK(g > 0 || g == FERRY_EUNSUPPORTED);
             if (g > 0) /* the rate is the file's bytes over the time it reports */
                 CHECK(fabs((double)n / (g * 1e9) - secs) <= 1e-9 * secs + 1e-12);
             else
                 CHECK(secs == 0);
         }
-    g = limits_first_pass(path, n / 2, 2, 0, 2, NULL);
+    g = limits_first_pass(path, n / 2, 2, 0, 2, LIMITS_PAGES_HUGE, NULL);
     fprintf(stderr, "first pass, half kept %.2f GB/s\n", g);
-    CHECK(limits_first_pass(path, n / 2, 2, 0, 65, NULL) == FERRY_EINVAL);
-    CHECK(limits_first_pass(path, n / 2, 0, 0, 1, NULL) == FERRY_EINVAL);
-    CHECK(limits_first_pass(missing, n / 2, 2, 0, 1, NULL) < 0);
+    CHECK(limits_first_pass(path, n / 2, 2, 0, 65, LIMITS_PAGES_HUGE, NULL) == FERRY_EINVAL);
+    CHECK(limits_first_pass(path, n / 2, 0, 0, 1, LIMITS_PAGES_SMALL, NULL) == FERRY_EINVAL);
+    CHECK(limits_first_pass(path, n / 2, 2, 0, 1, (limits_pages)7, NULL) == FERRY_EINVAL);
+    CHECK(limits_first_pass(missing, n / 2, 2, 0, 1, LIMITS_PAGES_SMALL, NULL) < 0);
     g = limits_buffered_read(path, 4u << 20);
     fprintf(stderr, "buffered read %.2f GB/s\n", g);
     CHECK(g > 0);

@@ -7,12 +7,15 @@
  *   limit  O_DIRECT sweep of the file (1/2/4/8 readers x 64/16 MiB requests, into reused buffers
  *          backed by huge pages, 256 MiB of them or more: see limits.h); the best pair is used
  *          from then on
- *   four cold loads, in an order that rotates from run to run, each right after an O_DIRECT read
- *   with the best pair (the limit the cold loads are judged against: the median of these reads):
+ *   four cold loads and a limit, in an order that rotates from run to run, each right after an
+ *   O_DIRECT read with the best pair (the limit the cold loads are judged against: the median of
+ *   these reads):
  *     ferry  cold load, home host, load DIRECT (a private copy)
  *     ferry  cold load, load AUTO (ferry's choice: a private copy read with O_DIRECT, the file
  *            being out of the page cache)
  *     ref    mmap + one read per page (page faults); mmap with MAP_POPULATE (what llama.cpp does)
+ *     limit  a plain program's cold load: that O_DIRECT read into fresh memory of the model's
+ *            size, small pages and (after the same read and rest again) huge ones, the faster
  *   limit  cold buffered read (page cache readahead into one reused buffer)
  *   limit  first touch of fresh anonymous memory of the model's size (best of 1 and 2 threads),
  *          then of M / 4 in 2 MiB pages (what a stream's first pass fills), each after a rest
@@ -446,13 +449,19 @@ static void rest_long(const benchlab *b)
 
 /* The first-pass limit (limits_first_pass) over the model's files in turn, the first KEEP bytes
  * of them all kept, with the O_DIRECT limit's readers and request size: the fewest seconds of
- * FAULTERS = 0 (the readers fault) and 2 (two threads fault ahead), each after the long rest
- * the first pass had. 0 where a read fails. *BEST_FAULTERS gets the winner's. */
-static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulters)
+ * three ways, each after the long rest the first pass had: the kept bytes in huge pages, faulted
+ * by the readers or by two threads ahead, and in small pages faulted by the readers. 0 where a
+ * read fails. *BEST_FAULTERS and *BEST_PAGES get the winner's. */
+static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulters,
+                               limits_pages *best_pages)
 {
-    static const unsigned ways[] = {0, 2};
+    static const struct {
+        unsigned faulters;
+        limits_pages pages;
+    } ways[] = {{0, LIMITS_PAGES_HUGE}, {2, LIMITS_PAGES_HUGE}, {0, LIMITS_PAGES_SMALL}};
     double best = 0;
     *best_faulters = 0;
+    *best_pages = LIMITS_PAGES_HUGE;
     for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
         rest_long(b);
         double secs = 0;
@@ -461,13 +470,14 @@ static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulte
             uint64_t k = keep > before ? keep - before : 0;
             double t = 0;
             double g = limits_first_pass(b->files[i], k, b->direct_readers, b->direct_request,
-                                         ways[w], &t);
+                                         ways[w].faulters, ways[w].pages, &t);
             secs = g > 0 ? secs + t : -1;
             before += b->file_sizes[i];
         }
         if (secs > 0 && (best == 0 || secs < best)) {
             best = secs;
-            *best_faulters = ways[w];
+            *best_faulters = ways[w].faulters;
+            *best_pages = ways[w].pages;
         }
     }
     return best;
@@ -482,6 +492,45 @@ static int run_direct_before(benchlab *b)
     if (g <= 0)
         return cli_error("%s: O_DIRECT read failed", b->path);
     put(b, BENCHLAB_DIRECT, g);
+    return 0;
+}
+
+/* What a cold load asks of the machine, done by a plain program: the O_DIRECT read of every file
+ * into fresh memory of the model's size (limits_first_pass, all of it kept), once in small pages
+ * faulted by the readers and once in huge pages faulted by two threads ahead, the second after
+ * the same O_DIRECT read and rest as every cold load: the faster into BENCHLAB_COLD_LIMIT. */
+static int run_cold_limit(benchlab *b)
+{
+    static const struct {
+        unsigned faulters;
+        limits_pages pages;
+    } ways[] = {{0, LIMITS_PAGES_SMALL}, {2, LIMITS_PAGES_HUGE}};
+    double best = 0;
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0] && !b->no_direct; w++) {
+        int rc;
+        if (w > 0) {
+            if ((rc = run_direct_before(b)))
+                return rc;
+            settle(b);
+        }
+        double secs = 0;
+        for (size_t i = 0; i < b->n_files; i++) {
+            double t = 0;
+            double g = limits_first_pass(b->files[i], b->file_sizes[i], b->direct_readers,
+                                         b->direct_request, ways[w].faulters, ways[w].pages,
+                                         &t);
+            if (g <= 0)
+                return cli_error("%s: O_DIRECT read into fresh memory: %s", b->files[i],
+                                 ferry_strerror(g < 0 ? (int)g : FERRY_EIO));
+            secs += t;
+        }
+        if (secs > 0 && (best == 0 || (double)b->model / secs / 1e9 > best)) {
+            best = (double)b->model / secs / 1e9;
+            b->cold_limit_pages = ways[w].pages;
+        }
+    }
+    if (best > 0)
+        put(b, BENCHLAB_COLD_LIMIT, best);
     return 0;
 }
 
@@ -894,7 +943,7 @@ out:
      * stream and a long rest, so that the memory it frees cannot be the first pass's */
     if (!rc && !device && !b->no_direct && !b->split_large && !b->sweeping)
         r->first_limit_s = first_pass_limit(b, r->budget < b->model ? r->budget : b->model,
-                                            &r->first_limit_faulters);
+                                            &r->first_limit_faulters, &r->first_limit_pages);
     return rc;
 }
 
@@ -967,20 +1016,21 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
 /* ---- one run ----------------------------------------------------------------------------- */
 
 /* The order within a run. The O_DIRECT limit comes first; then the four cold loads from the disk
- * (ferry's private copy, mmap page faults, ferry's choice, mmap + populate), each after a drop of
- * the files, in an order that rotates from run to run: on these virtual machines a measurement is
- * swayed by the one before it (memory freed in bulk goes back to the host and is slow to get back:
- * with a fixed order, ferry's zero-copy load read at 0.82 of mmap page faults when it followed the
- * fresh-memory test and page faults at 0.64 of ferry when they followed ferry's private copy), so
- * no figure always follows the same neighbour. Then the limits and loads that need the files
- * cached or fresh memory. */
+ * (ferry's private copy, mmap page faults, ferry's choice, mmap + populate) and a plain
+ * program's (run_cold_limit), each after a drop of the files, in an order that rotates from run
+ * to run: on these virtual machines a measurement is swayed by the one before it (memory freed
+ * in bulk goes back to the host and is slow to get back: with a fixed order, ferry's zero-copy
+ * load read at 0.82 of mmap page faults when it followed the fresh-memory test and page faults at
+ * 0.64 of ferry when they followed ferry's private copy), so no figure always follows the same
+ * neighbour. Then the limits and loads that need the files cached or fresh memory. */
 static int run_cold(benchlab *b, int which)
 {
     switch (which) {
     case 0: return run_load(b, FERRY_LOAD_DIRECT, 1, BENCHLAB_COLD_DIRECT, 0);
     case 1: return run_mmap(b, 0);
     case 2: return run_load(b, FERRY_LOAD_AUTO, 1, BENCHLAB_COLD_AUTO, 0);
-    default: return run_mmap(b, 1);
+    case 3: return run_mmap(b, 1);
+    default: return run_cold_limit(b);
     }
 }
 
@@ -990,11 +1040,11 @@ static int run_once(benchlab *b, size_t run)
     if ((rc = run_direct(b)))
         return rc;
     step_done(b);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         if ((rc = run_direct_before(b)))
             return rc;
         settle(b);
-        if ((rc = run_cold(b, (int)((k + run) % 4))))
+        if ((rc = run_cold(b, (int)((k + run) % 5))))
             return rc;
         step_done(b);
     }
@@ -1019,7 +1069,7 @@ static int run_once(benchlab *b, size_t run)
     return 0;
 }
 
-#define STEPS_PER_RUN 10
+#define STEPS_PER_RUN 11
 
 void benchlab_load_average(char *buf, size_t cap)
 {

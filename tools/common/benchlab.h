@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "limits.h"
 #include "runopts.h"
 
 #define BENCHLAB_MAX_RUNS 32
@@ -36,6 +37,8 @@ enum {
     BENCHLAB_OVERLAP_READ,  /* limit: the O_DIRECT read while the compute runs / alone */
     BENCHLAB_OVERLAP_COMPUTE, /* limit: the compute's speed while the O_DIRECT read runs / alone */
     BENCHLAB_FRESH_HUGE,    /* limit: GB/s, fresh memory in 2 MiB pages (M / 4 of it) */
+    BENCHLAB_COLD_LIMIT,    /* limit: GB/s, a plain program's cold load (limits_first_pass, all
+                               of M kept), the faster of small and huge pages */
     BENCHLAB_COUNT
 };
 
@@ -84,9 +87,11 @@ typedef struct benchlab_stream {
     double first_fault_s; /* min(B, M) / fresh memory: the kept memory faulted in for the first
                              time as the pass fills it (0: fresh memory not measured, or a device) */
     double first_limit_s; /* limits_first_pass after the stream, B kept: the same read by a plain
-                             program, its kept bytes into fresh memory; the faster of the readers
-                             faulting and two threads faulting ahead (0: not measured) */
+                             program, its kept bytes into fresh memory; the fastest of huge pages
+                             faulted by the readers or by two threads ahead, and small pages
+                             faulted by the readers (0: not measured) */
     unsigned first_limit_faulters; /* which: 0 or 2 */
+    limits_pages first_limit_pages; /* and in which pages */
     double first_machine_efficiency; /* max(first_bound, first_limit_s) / first_seconds */
     int capped;           /* ran inside a memory cgroup of benchlab.cap bytes */
     uint64_t working_set; /* W of this stream's sets (the capped stream cuts layers larger than
@@ -149,6 +154,7 @@ typedef struct benchlab {
     double med[BENCHLAB_COUNT];
     unsigned direct_readers, fresh_threads, fresh_huge_threads;
     unsigned read_threads;     /* the best thread count of BENCHLAB_READ */
+    limits_pages cold_limit_pages; /* the pages of BENCHLAB_COLD_LIMIT's last run */
     int no_direct;             /* the filesystem refuses O_DIRECT: BENCHLAB_DIRECT is buffered */
     uint64_t direct_request;
     double direct_best;

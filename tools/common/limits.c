@@ -309,26 +309,26 @@ static void *direct_main(void *arg)
 }
 
 static double direct_run(const char *path, unsigned readers, uint64_t request, uint64_t keep,
-                         unsigned faulters, double *seconds);
+                         unsigned faulters, limits_pages pages, double *seconds);
 
 double limits_direct_read(const char *path, unsigned readers, uint64_t request)
 {
-    return direct_run(path, readers, request, 0, 0, NULL);
+    return direct_run(path, readers, request, 0, 0, LIMITS_PAGES_HUGE, NULL);
 }
 
 double limits_first_pass(const char *path, uint64_t keep, unsigned readers, uint64_t request,
-                         unsigned faulters, double *seconds)
+                         unsigned faulters, limits_pages pages, double *seconds)
 {
     if (seconds)
         *seconds = 0;
-    if (faulters > MAX_THREADS)
+    if (faulters > MAX_THREADS || (pages != LIMITS_PAGES_HUGE && pages != LIMITS_PAGES_SMALL))
         return FERRY_EINVAL;
-    return direct_run(path, readers, request, keep, faulters, seconds);
+    return direct_run(path, readers, request, keep, faulters, pages, seconds);
 }
 
 /* limits_direct_read, and limits_first_pass where KEEP > 0. */
 static double direct_run(const char *path, unsigned readers, uint64_t request, uint64_t keep,
-                         unsigned faulters, double *seconds)
+                         unsigned faulters, limits_pages pages, double *seconds)
 {
     uint64_t size;
     int rc = file_size(path, &size);
@@ -365,8 +365,9 @@ static double direct_run(const char *path, unsigned readers, uint64_t request, u
     atomic_init(&job.error, 0);
     atomic_init(&job.faulted, 0);
     atomic_init(&job.fault_next, 0);
-    /* The kept bytes' fresh memory: 2 MiB-aligned and advised huge pages, as a stream's host
-     * buffers are; mapped before the clock (a mapping costs nothing until touched). */
+    /* The kept bytes' fresh memory: 2 MiB-aligned, advised huge pages (as a stream's host
+     * buffers are) or small pages only; mapped before the clock (a mapping costs nothing until
+     * touched). */
     size_t fresh_len = 0, fresh_map_len = 0;
     unsigned char *fresh_map = NULL;
     job.keep = keep < size ? keep : size;
@@ -385,8 +386,9 @@ static double direct_run(const char *path, unsigned readers, uint64_t request, u
             return FERRY_ENOMEM;
         }
         job.fresh = fresh_map + (FIRST_UNIT - (uintptr_t)fresh_map % FIRST_UNIT) % FIRST_UNIT;
-#ifdef MADV_HUGEPAGE
-        (void)madvise(job.fresh, fresh_len, MADV_HUGEPAGE);
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+        (void)madvise(job.fresh, fresh_len,
+                      pages == LIMITS_PAGES_SMALL ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
 #endif
         job.faulters = faulters;
     }

@@ -47,15 +47,18 @@ double limits_direct_read_best(const char *path, const unsigned *readers, size_t
 
 /* What a stream's first pass asks of the machine, done by a plain program: the O_DIRECT read of
  * limits_direct_read (READERS, REQUEST as there), except that the file's first KEEP bytes each go
- * to a place of their own in fresh memory (mapped 2 MiB-aligned and advised huge pages, as a
- * stream's host buffers are; touched only once the clock runs), where a budget of KEEP bytes
- * keeps them. With FAULTERS = 0 each reader touches a piece's fresh place (one byte a page) just
- * before reading into it; with FAULTERS > 0 that many threads touch the fresh memory 2 MiB at a
- * time in file order, and a reader waits until they have covered its piece. Timed from the
- * moment every thread is ready to the last read's end; returns GB/s of the file, and *SECONDS
- * (may be NULL) the time. KEEP = 0 is limits_direct_read. */
+ * to a place of their own in fresh memory (mapped 2 MiB-aligned; touched only once the clock
+ * runs), where a budget of KEEP bytes keeps them. PAGES says what backs that memory: huge pages
+ * asked for (LIMITS_PAGES_HUGE, as a stream's host buffers are), or small pages only
+ * (LIMITS_PAGES_SMALL: where the host backs a fresh huge page slowly, small ones fault in several
+ * times faster, bench/README.md). With FAULTERS = 0 each reader touches a piece's fresh place
+ * (one byte a page) just before reading into it; with FAULTERS > 0 that many threads touch the
+ * fresh memory 2 MiB at a time in file order, and a reader waits until they have covered its
+ * piece. Timed from the moment every thread is ready to the last read's end; returns GB/s of the
+ * file, and *SECONDS (may be NULL) the time. KEEP = 0 is limits_direct_read. */
+typedef enum limits_pages { LIMITS_PAGES_HUGE, LIMITS_PAGES_SMALL } limits_pages;
 double limits_first_pass(const char *path, uint64_t keep, unsigned readers, uint64_t request,
-                         unsigned faulters, double *seconds);
+                         unsigned faulters, limits_pages pages, double *seconds);
 
 /* Cold buffered read of the whole of PATH: dropped from the page cache (POSIX_FADV_DONTNEED),
  * then pread on one thread into one reused buffer of REQUEST bytes (0: 64 MiB). What the page
