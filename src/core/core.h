@@ -59,6 +59,9 @@ typedef struct ferry__mem {
     uint64_t size;    /* bytes accounted to the device */
     ferry__arena *arena; /* base lies in this arena (a reference), not allocated by the device */
     int moved;        /* host pages moved here by a stitch, or fresh: touched before use */
+    int small_pages;  /* fresh host memory for a copy the budget keeps: small pages asked for
+                         (memory.c, "the first pass where fresh huge pages are dear"); given
+                         back to the device, not pooled */
 } ferry__mem;
 
 typedef enum ferry__state {
@@ -351,6 +354,15 @@ struct ferry {
                                         evicts only what the expert policy ranks below it) */
     } moe;
     uint64_t clock;           /* LRU clock: jobs.c and prepare.c tick it */
+    struct {                  /* memory.c's: the first pass where fresh huge pages are dear */
+        int on;               /* FERRY_KEPT_PAGES, else ferry__host_huge_pages_dear(), read
+                                 when F was created */
+        uint32_t *rank;       /* a pass's copies in file order, by rank: their ranks, */
+        uint64_t *upto;       /* and the bytes of each with those ranked before it */
+        size_t n;             /* entries (0: not summed) */
+        size_t n_tensors;     /* prefetch.follow_tensors when they were summed */
+        uint64_t set_max;     /* the largest prepared set's bytes seen */
+    } first;
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
         unsigned inflight_prefetch;
         unsigned inflight_guess; /* of them, queued by the file-order prefetch (job.guess) */
@@ -381,6 +393,12 @@ struct ferry {
      * stats on read. */
     uint64_t a_bytes_read, a_bytes_copied, a_locked_bytes, a_lock_failures;
 };
+
+/* memory.c: FERRY_KEPT_PAGES=small|huge, else whether fresh huge pages are dear here, read when F
+ * is created: whether the first pass gives the copies its budget keeps small pages and streams
+ * the others through their own blocks (memory.c, "the first pass where fresh huge pages are
+ * dear"). */
+void ferry__first_init(ferry *f);
 
 /* coldload.c */
 /* FERRY_AUTO_COLD=map|private, read when F is created: decided for the manager's life. */

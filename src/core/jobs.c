@@ -84,6 +84,8 @@ static int alloc_copy(ferry *f, ferry__copy *c, uint64_t head, ferry__err *e,
                            ferry__device_errmsg(d, msg, sizeof msg));
     c->mem.base = p;
     c->ptr = (unsigned char *)p + head;
+    if (c->mem.small_pages && ferry__host_side(f, c->dev) && c->mem.size >= FERRY__CPU_MAP_MIN)
+        ferry__host_small_pages(p, c->mem.size); /* a copy the budget keeps (memory.c) */
     /* Fresh host memory is faulted in before the read fills it: O_DIRECT into pages not yet there
      * faults them one by one in the middle of the I/O. The pages are written, not populated with
      * madvise: MADV_POPULATE_WRITE holds the process's mmap lock for the whole range, and every

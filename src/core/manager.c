@@ -123,6 +123,7 @@ ferry *ferry_create(const ferry_options *opt)
     ferry__pf_follow_init(&f->prefetch.follow);
     f->io = ferry__io_create(f->opt.io_threads);
     ferry__cold_init(f);
+    ferry__first_init(f);
     if (!f->io)
         goto fail;
     if (!f->opt.io_request_bytes) {
@@ -220,6 +221,8 @@ void ferry_destroy(ferry *f)
     free(f->expect.missing_expect);
     ferry__sched_free(&f->sched);
     ferry__pf_follow_free(&f->prefetch.follow);
+    free(f->first.rank);
+    free(f->first.upto);
     ferry__moe_policy_free(&f->moe.p);
     free(f->moe.group);
     free(f->moe.layer);

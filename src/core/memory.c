@@ -12,6 +12,8 @@
  * policy (ferry.moe), and the rest, by the cyclic policy (ferry.evictor). ferry never goes over a
  * budget: when nothing more can be evicted the reservation fails with FERRY_EBUDGET. A guess
  * (ferry_prefetch_guess) takes only free room or what the expert policy values below its unit.
+ * Where fresh huge pages are dear, the first pass gives the copies the budget will keep small
+ * pages and streams the others through few blocks (below, "the first pass where ...").
  *
  * The pool (per device, while a budget bounds it; on the host, a budget given, not the default)
  * exists because fresh memory is expensive: first touch of anonymous host memory is slow on
@@ -224,7 +226,9 @@ static int pool_put(ferry *f, int dev, void *base, uint64_t size)
     return 1;
 }
 
-/* Gives memory back: into the pool when a budget bounds the device, else to the device. */
+/* Gives memory back: into the pool when a budget bounds the device, else to the device. A block
+ * of small pages for a kept copy goes back to the device: pooled, it would serve streamed copies,
+ * read into every pass, slower than into the huge pages a fresh block takes. */
 static void give_back(ferry *f, int dev, ferry__mem *m)
 {
     ferry__dev *D = &f->devs[dev];
@@ -233,7 +237,7 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     if (m->arena) {
         D->used -= m->size;
         ferry__arena_release(m->arena);
-    } else if (!(m->base && D->budget && !D->default_budget &&
+    } else if (!(m->base && D->budget && !D->default_budget && !m->small_pages &&
                  pool_put(f, dev, m->base, m->size))) {
         if (m->base)
             dev_free(f, dev, m->base);
@@ -243,6 +247,7 @@ static void give_back(ferry *f, int dev, ferry__mem *m)
     m->size = 0;
     m->arena = NULL;
     m->moved = 0;
+    m->small_pages = 0;
 }
 
 void ferry__unreserve(ferry *f, int dev, ferry__mem *m)
@@ -520,6 +525,221 @@ static void evict(ferry *f, ferry_tensor *t)
 static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_pool,
                    ferry__mem *out, ferry__err *e);
 
+/* ---- the first pass where fresh huge pages are dear -------------------------------------------
+ *
+ * A budget keeps the copies of lowest rank (ferry__sched_rank: the recorded position, bits
+ * reversed) that fit, pass after pass, and streams the others through the blocks they leave.
+ * Where the host backs a fresh huge page slowly (ferry__host_huge_pages_dear: 0.35-0.75 GB/s on
+ * the VMs measured, against 2-5 GB/s for small pages) a first pass that faults its whole budget
+ * in huge pages takes twice its read. A kept copy is never read into again: small pages cost it
+ * only its compute's TLB misses, which did not show in the passes measured; a streamed block is
+ * read into every pass, and O_DIRECT into small pages is slower (bench/README.md, "Kept copies
+ * in small pages"). So while the first schedule is recorded:
+ *  - a fresh block for a copy predicted kept asks for small pages;
+ *  - a copy predicted streamed takes the block of a streamed copy cached before it, not fresh
+ *    memory, once the streamed copies hold the budget less the kept share.
+ * The prediction: the copy's position (recorded, or where the file order puts it) with its bits
+ * reversed, as the rank is, below the rank up to which the copies of the file's home-disk
+ * tensors, taken in rank order at their file-order positions, fit in B - R, R room for a pass's
+ * copies in use and fetched ahead: twice the largest prepared set (the W of a stream) and a
+ * sixteenth of B (blocks' tails, the spread of sizes). Wrong either way it costs time, not
+ * bytes: a kept copy in huge pages cost its fault, a streamed one in small pages reads slower. */
+#define FIRST_ROOM_SETS 2
+#define FIRST_SLACK 16
+
+void ferry__first_init(ferry *f)
+{
+    const char *env = getenv("FERRY_KEPT_PAGES");
+    f->first.on = env && !strcmp(env, "small") ? 1
+                  : env && !strcmp(env, "huge") ? 0
+                                                : ferry__host_huge_pages_dear();
+}
+
+static uint32_t bits_reversed(uint32_t p)
+{
+    uint32_t r = 0;
+    for (int b = 0; b < 32; b++)
+        r |= (p >> b & 1u) << (31 - b);
+    return r;
+}
+
+/* Whether a reservation on DEV falls in the first pass's placement (above). */
+static int first_pass_pages(const ferry *f, int dev)
+{
+    const ferry__dev *D = &f->devs[dev];
+    const ferry__sched *s = &f->sched;
+    return f->first.on && dev == FERRY__HOST && D->budget && !D->default_budget &&
+           s->enabled && !s->complete && !s->passes && !s->irregular;
+}
+
+/* Whether T is a tensor whose host copy comes and goes under the budget of DEV. */
+static int streams_on(const ferry *f, const ferry_tensor *t, int dev)
+{
+    return !ferry__expert_unit(f, t) && !t->removed && !t->ignored && !t->lazy && !t->n_parts &&
+           !t->n_slices && ferry__effective_home(f, t) == FERRY_HOME_DISK &&
+           ferry__compute_device_of(f, t) == dev;
+}
+
+typedef struct rank_bytes {
+    uint32_t rank;
+    uint64_t bytes;
+} rank_bytes;
+
+static int rank_bytes_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const rank_bytes *)a)->rank, y = ((const rank_bytes *)b)->rank;
+    return x < y ? -1 : x > y;
+}
+
+/* The copies of a pass on DEV in the order the budget keeps them: each tensor in file order that
+ * streams there (a tensor not bound yet has no group: counted as the one loading, whose group is
+ * most often every tensor's) at its index as position, ranked as ferry__sched_rank ranks it, and
+ * the bytes of its copy (of the file's bytes: not bound, it has no decided size) with those of
+ * all ranked before it. Built once per file order the follower was given; 0 entries when it has
+ * none or memory is short. */
+static void first_pass_order(ferry *f, int dev)
+{
+    const ferry__pf_follow *fo = &f->prefetch.follow;
+    if (f->first.n_tensors == f->prefetch.follow_tensors && f->first.n)
+        return;
+    free(f->first.rank);
+    free(f->first.upto);
+    f->first.rank = NULL;
+    f->first.upto = NULL;
+    f->first.n = 0;
+    f->first.n_tensors = f->prefetch.follow_tensors;
+    rank_bytes *rb = fo->n ? malloc(fo->n * sizeof *rb) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; rb && i < fo->n && i <= UINT32_MAX; i++) {
+        const ferry_tensor *t = fo->order[i] < f->n_all ? f->all[fo->order[i]] : NULL;
+        if (!t || (t->bound && !streams_on(f, t, dev)))
+            continue;
+        uint64_t b = ferry__host_alloc_size(t, 0);
+        b = b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+        rb[n++] = (rank_bytes){.rank = bits_reversed((uint32_t)i), .bytes = b};
+    }
+    uint32_t *rank = n ? malloc(n * sizeof *rank) : NULL;
+    uint64_t *upto = n ? malloc(n * sizeof *upto) : NULL;
+    if (rank && upto) {
+        qsort(rb, n, sizeof *rb, rank_bytes_cmp);
+        uint64_t sum = 0;
+        for (size_t k = 0; k < n; k++) {
+            sum += rb[k].bytes;
+            rank[k] = rb[k].rank;
+            upto[k] = sum;
+        }
+        f->first.rank = rank;
+        f->first.upto = upto;
+        f->first.n = n;
+    } else {
+        free(rank);
+        free(upto);
+    }
+    free(rb);
+}
+
+/* The kept share of DEV's budget: *BELOW, the rank under which a copy is predicted kept (the
+ * ranks of the copies whose bytes, with those ranked before them, fit in the budget less room
+ * for a pass's copies in use and fetched ahead), and *KEPT, their bytes; 0 when unknown (no
+ * file order yet). */
+static int first_pass_share(ferry *f, int dev, uint64_t *below, uint64_t *kept)
+{
+    first_pass_order(f, dev);
+    size_t n = f->first.n;
+    if (f->first.set_max < f->prefetch.last_set_bytes)
+        f->first.set_max = f->prefetch.last_set_bytes;
+    uint64_t b = f->devs[dev].budget, r = f->first.set_max * FIRST_ROOM_SETS + b / FIRST_SLACK;
+    if (!n)
+        return 0;
+    uint64_t room = b > r ? b - r : 0;
+    /* the entries whose running bytes fit in ROOM: [0, lo) */
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->first.upto[mid] <= room)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *below = lo == n ? UINT64_C(1) << 32 : f->first.rank[lo];
+    *kept = lo ? f->first.upto[lo - 1] : 0;
+    return 1;
+}
+
+/* 1 when T's copy is predicted kept, 0 streamed, -1 unknown (no position). */
+static int first_pass_kept(const ferry *f, const ferry_tensor *t, uint64_t below)
+{
+    const ferry__sched *s = &f->sched;
+    const ferry__pf_follow *fo = &f->prefetch.follow;
+    uint32_t pos;
+    if (t->uid < s->n_ids && s->pos[t->uid] != FERRY__SCHED_NONE) {
+        pos = s->pos[t->uid];
+    } else if (fo->started && !fo->stopped && t->uid < fo->n_ids &&
+               fo->index[t->uid] != FERRY__SCHED_NONE) {
+        size_t i = fo->index[t->uid];
+        size_t p = s->len + (i > fo->next ? i - fo->next : 0);
+        pos = p < UINT32_MAX ? (uint32_t)p : UINT32_MAX;
+    } else {
+        return -1;
+    }
+    return bits_reversed(pos) < below;
+}
+
+/* The bytes DEV holds in copies predicted streamed. */
+static uint64_t streamed_held(const ferry *f, int dev, uint64_t below)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < f->n_all; i++) {
+        const ferry_tensor *t = f->all[i];
+        if (t->comp.dev == dev && t->comp.state != FERRY__EMPTY && t->comp.mem.size &&
+            !t->comp.permanent && streams_on(f, t, dev) && first_pass_kept(f, t, below) == 0)
+            sum += t->comp.mem.size;
+    }
+    return sum;
+}
+
+/* The cached copy on DEV predicted streamed, not fetched ahead, that the cyclic policy gives up
+ * first (the highest rank, as the first pass evicts), or NULL. */
+static ferry_tensor *streamed_victim(const ferry *f, int dev, uint64_t below)
+{
+    ferry_tensor *best = NULL;
+    uint64_t best_rank = 0;
+    for (ferry_tensor *t = f->devs[dev].evictable; t; t = t->ev_next) {
+        if (t->comp.ahead || !streams_on(f, t, dev) || first_pass_kept(f, t, below) != 0)
+            continue;
+        uint64_t r = ferry__sched_rank(&f->sched, t->uid);
+        if (!best || r > best_rank || (r == best_rank && t->comp.last_use < best->comp.last_use)) {
+            best = t;
+            best_rank = r;
+        }
+    }
+    return best;
+}
+
+static int pool_stitch(ferry *f, int dev, uint64_t need, uint64_t room, ferry__mem *out);
+
+/* A streamed copy's reservation of SIZE on DEV in the first pass: while the streamed copies hold
+ * the budget less the kept share, a streamed copy cached before goes and its block serves. 1 when
+ * *OUT holds a block, 0 when the caller goes on as for any reservation. */
+static int first_pass_stream(ferry *f, int dev, uint64_t size, uint64_t below, uint64_t kept,
+                             ferry__mem *out)
+{
+    ferry__dev *D = &f->devs[dev];
+    uint64_t cap = D->budget > kept ? D->budget - kept : 0;
+    while (streamed_held(f, dev, below) + size > cap) {
+        ferry_tensor *v = streamed_victim(f, dev, below);
+        if (!v)
+            return 0;
+        evict(f, v);
+        int r = pool_stitch(f, dev, size, 0, out);
+        if (r > 0)
+            return 1;
+        if (r == -2)
+            return 0;
+    }
+    return 0;
+}
+
 int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__mem *out,
                   ferry__err *e)
 {
@@ -788,10 +1008,21 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     out->moved = 0;
     int stitch = use_pool && D->budget && !D->default_budget && !D->no_stitch &&
                  ferry__device_has_reuse(D->d) && size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096;
+    out->small_pages = 0;
     if (stitch) /* whole huge pages: 4 KiB-granular blocks cut and joined would split them */
         size = stitched_size(size);
     else if (use_pool && pool_take(f, dev, size, out))
         return 0;
+    const ferry_tensor *lt = f->moe.loading;
+    uint64_t below, kept;
+    int small = 0; /* a fresh block, when it comes to that, asks for small pages */
+    if (stitch && lt && !f->moe.guess && first_pass_pages(f, dev) && streams_on(f, lt, dev) &&
+        size <= D->budget && first_pass_share(f, dev, &below, &kept)) {
+        int k = kept ? first_pass_kept(f, lt, below) : -1; /* nothing kept: as before */
+        if (k == 0 && first_pass_stream(f, dev, size, below, kept, out))
+            return 0;
+        small = k == 1;
+    }
     if (D->budget && size > D->budget)
         return ferry__budget_check(f, dev, 0, size, NULL, e); /* never fits: evict nothing */
     if (f->moe.loading && ferry__expert_unit(f, f->moe.loading))
@@ -832,6 +1063,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
     if (D->used > D->peak)
         D->peak = D->used;
     out->size = size;
+    out->small_pages = small;
     return 0;
 }
 

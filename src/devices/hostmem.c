@@ -276,6 +276,16 @@ int ferry__host_huge_pages_dear(void)
            ((uint64_t)pg << order) <= FERRY__HUGE_PAGE;
 }
 
+void ferry__host_small_pages(void *p, uint64_t len)
+{
+#if defined(__linux__) && defined(MADV_NOHUGEPAGE)
+    if (p && len)
+        (void)madvise(p, (size_t)len, MADV_NOHUGEPAGE);
+#else
+    (void)p, (void)len;
+#endif
+}
+
 int ferry__host_mem_info(uint64_t *avail, uint64_t *total)
 {
     uint64_t t = 0, a = 0;
