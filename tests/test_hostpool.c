@@ -423,6 +423,21 @@ static void test_stream_reuses_pages(void)
 
 static char g_large[1200];
 
+/* Every tensor of PATH in F, home disk, load READ, under a host budget of 2/5 of the model
+ * (*MODEL, where MODEL is not NULL): the tensors (*N), or NULL. */
+static ferry_tensor **open_streamed(ferry *f, const char *path, size_t *n, uint64_t *model)
+{
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
+    ferry_tensor **ts = fixture_open_all(f, path, &p, n);
+    CHECK(ts != NULL);
+    uint64_t m = ts ? ferry_catalog_total_bytes(ferry_catalog_of(f)) : 0;
+    if (ts)
+        CHECK_EQ_INT(ferry_set_budget(f, 0, m * 2 / 5), 0);
+    if (model)
+        *model = m;
+    return ts;
+}
+
 static void test_stream_keeps_huge_pages(void)
 {
     /* tensors of 1-4 MiB streamed under a budget given: after passes of stitching and cutting,
@@ -432,16 +447,13 @@ static void test_stream_keeps_huge_pages(void)
      * tail, not two 2 MiB pages */
     const uint64_t huge = UINT64_C(2) << 20;
     ferry *f = ferry_create(NULL);
-    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     size_t n;
-    ferry_tensor **ts = fixture_open_all(f, g_large, &p, &n);
-    CHECK(ts != NULL);
+    uint64_t model;
+    ferry_tensor **ts = open_streamed(f, g_large, &n, &model);
     if (!ts) {
         ferry_destroy(f);
         return;
     }
-    uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
-    CHECK_EQ_INT(ferry_set_budget(f, 0, model * 2 / 5), 0);
     int ok = 1;
     size_t large = 0, aligned = 0, tailed = 0;
     for (int pass = 0; pass < 4; pass++)
@@ -619,18 +631,14 @@ static void stream_pages(const char *kept_pages, size_t *kept, size_t *kept_nh,
     setenv("FERRY_KEPT_PAGES", kept_pages, 1);
     ferry *f = ferry_create(NULL);
     unsetenv("FERRY_KEPT_PAGES");
-    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_READ};
     size_t n;
-    ferry_tensor **ts = fixture_open_all(f, g_deep, &p, &n);
+    ferry_tensor **ts = open_streamed(f, g_deep, &n, NULL);
     *kept = *kept_nh = *streamed = *streamed_nh = 0;
     *read_late = 0;
-    CHECK(ts != NULL);
     if (!ts) {
         ferry_destroy(f);
         return;
     }
-    uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
-    CHECK_EQ_INT(ferry_set_budget(f, 0, model * 2 / 5), 0);
     uint64_t *gen1 = calloc(n, sizeof *gen1);
     /* per tensor: its block asked for small pages at its last prepare (-1: not a mapped block);
      * its load count before the last pass */
@@ -730,6 +738,21 @@ static void test_tail_rule(void)
     CHECK_EQ_INT(ferry__stitch_tail_max(), 1 << 20);
 }
 
+/* Writes an f32 model of LAYERS layers (fixture_layout, vocabulary 2000) to DIR/NAME and puts its
+ * path in PATH: 0, or 1 after saying why. */
+static int write_model(char *path, size_t cap, const char *dir, const char *name, int layers,
+                       int dim, int ff)
+{
+    fixture_tensor ts[160];
+    size_t n = fixture_layout(ts, layers, dim, ff, 2000, FERRY_DTYPE_F32, 0);
+    snprintf(path, cap, "%s/%s", dir, name);
+    if (fixture_write(path, FERRY_FORMAT_GGUF, ts, n)) {
+        fprintf(stderr, "cannot write the model %s\n", path);
+        return 1;
+    }
+    return 0;
+}
+
 int main(void)
 {
     /* the tests below check blocks against the 1 MiB tail (on a machine where moving a page
@@ -737,34 +760,21 @@ int main(void)
     setenv("FERRY_STITCH_TAIL", "1MiB", 1);
     test_tail_rule();
     const char *dir = check_tmpdir("hostpool");
-    fixture_tensor ts[160];
     /* f32, dim 256, ff 704: blocks of 256 KiB .. 2 MiB, each size different from its neighbours */
-    size_t n = fixture_layout(ts, 6, 256, 704, 2000, FERRY_DTYPE_F32, 0);
-    snprintf(g_model, sizeof g_model, "%s/m.gguf", dir);
-    if (fixture_write(g_model, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write the model\n");
+    if (write_model(g_model, sizeof g_model, dir, "m.gguf", 6, 256, 704))
         return 1;
-    }
     test_stitch_basics();
     test_stitch_property();
     test_stream_reuses_pages();
     /* f32, dim 512, ff 1408: blocks of 1 MiB .. 4 MiB */
-    n = fixture_layout(ts, 4, 512, 1408, 2000, FERRY_DTYPE_F32, 0);
-    snprintf(g_large, sizeof g_large, "%s/large.gguf", dir);
-    if (fixture_write(g_large, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write the model\n");
+    if (write_model(g_large, sizeof g_large, dir, "large.gguf", 4, 512, 1408))
         return 1;
-    }
     test_stream_keeps_huge_pages();
     test_reuse_in_place();
     test_huge_page_advice();
-    /* f32, dim 512, ff 1408, 12 layers: tensors of 1 MiB .. 4 MiB */
-    n = fixture_layout(ts, 12, 512, 1408, 2000, FERRY_DTYPE_F32, 0);
-    snprintf(g_deep, sizeof g_deep, "%s/deep.gguf", dir);
-    if (fixture_write(g_deep, FERRY_FORMAT_GGUF, ts, n)) {
-        fprintf(stderr, "cannot write the model\n");
+    /* the same sizes, 12 layers */
+    if (write_model(g_deep, sizeof g_deep, dir, "deep.gguf", 12, 512, 1408))
         return 1;
-    }
     test_first_pass_kept_small();
     return check_finish();
 }
