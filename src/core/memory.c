@@ -726,10 +726,12 @@ static int first_pass_stream(ferry *f, int dev, uint64_t size, uint64_t below, u
 {
     ferry__dev *D = &f->devs[dev];
     uint64_t cap = D->budget > kept ? D->budget - kept : 0;
-    while (streamed_held(f, dev, below) + size > cap) {
+    uint64_t held = streamed_held(f, dev, below);
+    while (held + size > cap) {
         ferry_tensor *v = streamed_victim(f, dev, below);
         if (!v)
             return 0;
+        held -= v->comp.mem.size < held ? v->comp.mem.size : held;
         evict(f, v);
         int r = pool_stitch(f, dev, size, 0, out);
         if (r > 0)
