@@ -96,11 +96,9 @@ void ferry__arena_trim(const void *ptr, uint64_t n)
     uintptr_t lo, hi;
     if (!own_pages(ptr, n, &lo, &hi))
         return;
-#ifdef MADV_NOHUGEPAGE
     /* with max_ptes_none high, khugepaged would collapse a partly freed 2 MiB block back into a
      * whole huge page */
-    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
-#endif
+    ferry__host_small_pages((void *)lo, hi - lo);
     (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
@@ -135,11 +133,9 @@ static ferry__arena *arena_new(const arena_span *s, size_t n)
     }
     a->map = m;
     a->base = (unsigned char *)(((uintptr_t)m + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
-#ifdef MADV_NOHUGEPAGE
     /* huge pages only where ferry__arena_ranges asks (THP "always" would give them to blocks
      * that reach past the reads, holes and refused copies included) */
-    (void)madvise(a->map, a->map_len, MADV_NOHUGEPAGE);
-#endif
+    ferry__host_small_pages(a->map, a->map_len);
     a->file = s[0].t->file;
     a->mode = s[0].mode;
     a->file_start = start;

@@ -176,8 +176,8 @@ int ferry__host_room_probe(ferry__host_room *out);
  * reported some), so a huge page taken from the free lists is most often one the host took back.
  * 0 otherwise, and where it cannot tell. $FERRY_SYSFS_ROOT replaces /sys, for tests. */
 int ferry__host_huge_pages_dear(void);
-/* Asks that the fresh mapped block [P, P+LEN) be backed by small pages only (a hint, where the
- * kernel takes it; nothing faulted in yet). */
+/* Asks that the mapped range [P, P+LEN) be backed by small pages only from now on
+ * (MADV_NOHUGEPAGE: a hint, where the kernel takes it; pages already there stay as they are). */
 void ferry__host_small_pages(void *p, uint64_t len);
 
 /* ---- sim test hooks --------------------------------------------------------------------------- */

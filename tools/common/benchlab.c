@@ -447,33 +447,47 @@ static void rest_long(const benchlab *b)
         settle(b);
 }
 
-/* The first-pass limit (limits_first_pass) over the model's files in turn, the first KEEP bytes
- * of them all kept, with the O_DIRECT limit's readers and request size: the fewest seconds of
- * three ways, each after the long rest the first pass had: the kept bytes in huge pages, faulted
- * by the readers or by two threads ahead, and in small pages faulted by the readers. 0 where a
- * read fails. *BEST_FAULTERS and *BEST_PAGES get the winner's. */
+/* A way of limits_first_pass: who faults the fresh memory in, and in which pages. */
+typedef struct fresh_way {
+    unsigned faulters;
+    limits_pages pages;
+} fresh_way;
+
+/* limits_first_pass over the model's files in turn, the first KEEP bytes of them all kept, with
+ * the O_DIRECT limit's readers and request size: the seconds, or the error of the first read
+ * that failed (below 0). */
+static double first_pass_files(const benchlab *b, uint64_t keep, fresh_way way)
+{
+    double secs = 0;
+    uint64_t before = 0;
+    for (size_t i = 0; i < b->n_files; i++) {
+        uint64_t k = keep > before ? keep - before : 0;
+        double t = 0;
+        double g = limits_first_pass(b->files[i], k, b->direct_readers, b->direct_request,
+                                     way.faulters, way.pages, &t);
+        if (g <= 0)
+            return g < 0 ? g : FERRY_EIO;
+        secs += t;
+        before += b->file_sizes[i];
+    }
+    return secs;
+}
+
+/* The first-pass limit: the fewest seconds of first_pass_files in three ways, each after the long
+ * rest the first pass had: the kept bytes in huge pages, faulted by the readers or by two threads
+ * ahead, and in small pages faulted by the readers. 0 where a read fails. *BEST_FAULTERS and
+ * *BEST_PAGES get the winner's. */
 static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulters,
                                limits_pages *best_pages)
 {
-    static const struct {
-        unsigned faulters;
-        limits_pages pages;
-    } ways[] = {{0, LIMITS_PAGES_HUGE}, {2, LIMITS_PAGES_HUGE}, {0, LIMITS_PAGES_SMALL}};
+    static const fresh_way ways[] = {
+        {0, LIMITS_PAGES_HUGE}, {2, LIMITS_PAGES_HUGE}, {0, LIMITS_PAGES_SMALL}};
     double best = 0;
     *best_faulters = 0;
     *best_pages = LIMITS_PAGES_HUGE;
     for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
         rest_long(b);
-        double secs = 0;
-        uint64_t before = 0;
-        for (size_t i = 0; i < b->n_files && secs >= 0; i++) {
-            uint64_t k = keep > before ? keep - before : 0;
-            double t = 0;
-            double g = limits_first_pass(b->files[i], k, b->direct_readers, b->direct_request,
-                                         ways[w].faulters, ways[w].pages, &t);
-            secs = g > 0 ? secs + t : -1;
-            before += b->file_sizes[i];
-        }
+        double secs = first_pass_files(b, keep, ways[w]);
         if (secs > 0 && (best == 0 || secs < best)) {
             best = secs;
             *best_faulters = ways[w].faulters;
@@ -501,10 +515,7 @@ static int run_direct_before(benchlab *b)
  * the same O_DIRECT read and rest as every cold load: the faster into BENCHLAB_COLD_LIMIT. */
 static int run_cold_limit(benchlab *b)
 {
-    static const struct {
-        unsigned faulters;
-        limits_pages pages;
-    } ways[] = {{0, LIMITS_PAGES_SMALL}, {2, LIMITS_PAGES_HUGE}};
+    static const fresh_way ways[] = {{0, LIMITS_PAGES_SMALL}, {2, LIMITS_PAGES_HUGE}};
     double best = 0;
     for (size_t w = 0; w < sizeof ways / sizeof ways[0] && !b->no_direct; w++) {
         int rc;
@@ -513,18 +524,11 @@ static int run_cold_limit(benchlab *b)
                 return rc;
             settle(b);
         }
-        double secs = 0;
-        for (size_t i = 0; i < b->n_files; i++) {
-            double t = 0;
-            double g = limits_first_pass(b->files[i], b->file_sizes[i], b->direct_readers,
-                                         b->direct_request, ways[w].faulters, ways[w].pages,
-                                         &t);
-            if (g <= 0)
-                return cli_error("%s: O_DIRECT read into fresh memory: %s", b->files[i],
-                                 ferry_strerror(g < 0 ? (int)g : FERRY_EIO));
-            secs += t;
-        }
-        if (secs > 0 && (best == 0 || (double)b->model / secs / 1e9 > best)) {
+        double secs = first_pass_files(b, UINT64_MAX, ways[w]);
+        if (secs <= 0)
+            return cli_error("%s: O_DIRECT read into fresh memory: %s", b->path,
+                             ferry_strerror(secs < 0 ? (int)secs : FERRY_EIO));
+        if (best == 0 || (double)b->model / secs / 1e9 > best) {
             best = (double)b->model / secs / 1e9;
             b->cold_limit_pages = ways[w].pages;
         }
