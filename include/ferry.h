@@ -587,7 +587,16 @@ FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *o
  *
  * A budget above what the device can ever hold (its total memory; on the host, the RAM or the
  * memory cgroup's limit, the smaller) is refused with FERRY_EBUDGET, the message naming the
- * budget and that capacity; the budget stays as it was. */
+ * budget and that capacity; the budget stays as it was.
+ *
+ * Faulting in ahead: where fresh huge pages are dear (docs/guide.md, "Budgets, eviction and
+ * prefetch"), a host budget given here or at ferry_create, once tensors of home disk are known
+ * (ferry_group_add) and before anything is held on the host, starts a thread of the manager's
+ * that faults in, within the budget, the buffers the first pass will stream through (twice the
+ * file's largest layer and a sixteenth of the budget), while the engine sets itself up. The
+ * first reservation on the host (a prepare, a prefetch, ferry_reserve), a new budget and
+ * ferry_destroy stop it within a huge page and pool what it made; ferry_stats.faulted_ahead_bytes
+ * says how much. Once per manager. */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
 /* Reserves BYTES of DEVICE's budget for the engine's own memory (KV cache, activations, compute
  * buffers), replacing the manager's previous reservation on that device (0 gives it back).
@@ -617,7 +626,8 @@ FERRY_API const ferry_catalog *ferry_catalog_of(const ferry *f);
  * and no earlier pattern belong to it and follow POLICY (copied; NULL: the defaults; ignored when
  * the group already exists). Rules are matched in the order they were added, first match wins;
  * tensors matched by none belong to group "default". FERRY_EBUSY when a tensor that would change
- * group has already been loaded or prepared. */
+ * group has already been loaded or prepared. Under a host budget given, may start the faulting
+ * in ahead that ferry_set_budget describes. */
 FERRY_API int ferry_group_add(ferry *f, const char *name, const char *pattern,
                               const ferry_policy *policy);
 /* Tensors whose names match PATTERN are ignored: not loaded, not found, not required. */
@@ -1061,6 +1071,10 @@ typedef struct ferry_stats {
     double wait_seconds;          /* time prepare spent waiting */
     uint64_t guess_bytes;         /* loaded by ferry_prefetch_guess */
     uint64_t guess_unused_bytes;  /* of them, dropped before any prepare used them */
+    uint64_t faulted_ahead_bytes; /* host memory for the first pass's streamed copies faulted in
+                                     by a thread of ferry's while the engine set itself up
+                                     (ferry_group_add, ferry_set_budget), before the first
+                                     reservation on the host */
 } ferry_stats;
 
 /* A snapshot of the counters. */

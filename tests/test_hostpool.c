@@ -718,6 +718,135 @@ static void test_first_pass_kept_small(void)
     CHECK(read_small <= read_huge + read_huge / 10 && read_huge <= read_small + read_small / 10);
 }
 
+/* The streamed copies' first blocks, faulted in ahead: a manager that waits after its budget is
+ * given, as an engine sets itself up, finds them pooled at its first prepare. Its first pass
+ * serves streamed copies from them and kept copies from fresh blocks (never from them), within
+ * the budget, every copy equal to the file. */
+static void test_first_pass_faulted_ahead(void)
+{
+    setenv("FERRY_KEPT_PAGES", "small", 1);
+    ferry *f = ferry_create(NULL);
+    unsetenv("FERRY_KEPT_PAGES");
+    size_t n;
+    uint64_t model;
+    ferry_tensor **ts = open_streamed(f, g_deep, &n, &model);
+    if (!ts) {
+        ferry_destroy(f);
+        return;
+    }
+    const uint64_t budget = model * 2 / 5;
+    /* the thread started when the budget was given */
+    for (int i = 0; i < 30000 && !atomic_load(&f->first.warm_exited); i++)
+        usleep(1000);
+    CHECK(atomic_load(&f->first.warm_exited));
+    size_t nb = f->first.warm_done;
+    uint64_t total = f->first.warm_total, lo[FERRY__WARM_MAX], hi[FERRY__WARM_MAX];
+    for (size_t i = 0; i < nb; i++) {
+        lo[i] = (uint64_t)(uintptr_t)f->first.warm_base[i];
+        hi[i] = lo[i] + (i + 1 < f->first.warm_n ? f->first.warm_block
+                                                 : total - f->first.warm_block * (nb - 1));
+    }
+    CHECK(nb == f->first.warm_n && nb > 0);
+    CHECK(f->first.warm_faulted == total && total > 0 && total < budget);
+    /* per copy in the first pass: a mapped block, one of those blocks (served from the pool, not
+     * a fresh block that a freed one's addresses were given to), its load count */
+    int *mapped = calloc(n, sizeof *mapped), *in_ahead = calloc(n, sizeof *in_ahead);
+    uint64_t *gen1 = calloc(n, sizeof *gen1);
+    int ok = mapped && in_ahead && gen1;
+    CHECK(ok);
+    for (int pass = 0; pass < 3 && ok; pass++) {
+        /* a layer's tensors at once, as an engine prepares them */
+        for (size_t i = 0, j; i < n; i = j) {
+            int64_t layer = ferry__layer_of(ts[i]->info.name);
+            for (j = i + 1; j < n && layer >= 0 && ferry__layer_of(ts[j]->info.name) == layer; j++)
+                ;
+            ok &= ferry_prepare(f, &ts[i], j - i) == 0;
+            for (size_t k = i; k < j; k++) {
+                ok &= fixture_same_as_file(f, ts[k]);
+                const ferry__mem *m = &ts[k]->comp.mem;
+                uint64_t b = (uint64_t)(uintptr_t)m->base;
+                if (pass > 0)
+                    continue;
+                mapped[k] = m->size >= FERRY__CPU_MAP_MIN;
+                for (size_t w = 0; w < nb; w++)
+                    in_ahead[k] |= !m->small_pages && b >= lo[w] && b < hi[w];
+                pthread_mutex_lock(&f->lock);
+                gen1[k] = ts[k]->load_gen;
+                pthread_mutex_unlock(&f->lock);
+            }
+            ferry_release(f, &ts[i], j - i);
+        }
+    }
+    CHECK(ok);
+    ferry_stats st;
+    CHECK_EQ_INT(ferry_get_stats(f, &st), 0);
+    CHECK_EQ_INT(st.faulted_ahead_bytes, total);
+    CHECK(st.peak_bytes[0] <= budget);
+    size_t kept = 0, kept_ahead = 0, streamed = 0, streamed_ahead = 0;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < n && ok; i++) {
+        if (!mapped[i])
+            continue;
+        if (ts[i]->load_gen == gen1[i]) {
+            kept++;
+            kept_ahead += (size_t)in_ahead[i];
+        } else {
+            streamed++;
+            streamed_ahead += (size_t)in_ahead[i];
+        }
+    }
+    pthread_mutex_unlock(&f->lock);
+    fprintf(stderr, "faulted ahead: %zu blocks, %llu bytes of a budget of %llu; in the first pass "
+                    "%zu of %zu streamed copies took them, %zu of %zu kept ones\n",
+            nb, (unsigned long long)total, (unsigned long long)budget, streamed_ahead, streamed,
+            kept_ahead, kept);
+    CHECK(kept > 0 && streamed > 0);
+    CHECK_EQ_INT(kept_ahead, 0);
+    CHECK(streamed_ahead >= 2);
+    free(mapped);
+    free(in_ahead);
+    free(gen1);
+    free(ts);
+    ferry_destroy(f);
+
+    /* no placement, no thread */
+    setenv("FERRY_KEPT_PAGES", "huge", 1);
+    f = ferry_create(NULL);
+    unsetenv("FERRY_KEPT_PAGES");
+    ts = open_streamed(f, g_deep, &n, NULL);
+    if (ts) {
+        CHECK_EQ_INT(ferry_prepare(f, ts, 1), 0);
+        CHECK_EQ_INT(ferry_get_stats(f, &st), 0);
+        CHECK_EQ_INT(st.faulted_ahead_bytes, 0);
+        CHECK_EQ_INT(f->first.warmed, 0);
+        ferry_release(f, ts, 1);
+    }
+    free(ts);
+    ferry_destroy(f);
+
+    /* stopped by a new budget and by the manager's end while it runs: what it made stays
+     * counted only while pooled, the budget holds, nothing leaks (the sanitizers' builds) */
+    for (int round = 0; round < 2; round++) {
+        setenv("FERRY_KEPT_PAGES", "small", 1);
+        f = ferry_create(NULL);
+        unsetenv("FERRY_KEPT_PAGES");
+        ts = open_streamed(f, g_deep, &n, &model);
+        if (ts && round == 0) {
+            CHECK_EQ_INT(ferry_set_budget(f, 0, model / 4), 0);
+            CHECK_EQ_INT(f->first.warming, 0);
+            for (size_t i = 0; i < n; i++) {
+                CHECK_EQ_INT(ferry_prepare(f, &ts[i], 1), 0);
+                CHECK(fixture_same_as_file(f, ts[i]));
+                ferry_release(f, &ts[i], 1);
+            }
+            CHECK_EQ_INT(ferry_get_stats(f, &st), 0);
+            CHECK(st.resident_bytes[0] <= model / 4);
+        }
+        free(ts);
+        ferry_destroy(f);
+    }
+}
+
 /* The tail rule, from its definition: the tail's pages moved cost at most 0.25 ms, in 16 KiB
  * steps from 16 KiB to 1 MiB; and the probe behind it. */
 static void test_tail_rule(void)
@@ -776,5 +905,6 @@ int main(void)
     if (write_model(g_deep, sizeof g_deep, dir, "deep.gguf", 12, 512, 1408))
         return 1;
     test_first_pass_kept_small();
+    test_first_pass_faulted_ahead();
     return check_finish();
 }

@@ -152,7 +152,8 @@ class Stats(Structure):
                 ("prepares", c_uint64), ("prefetch_hits", c_uint64),
                 ("prefetch_misses", c_uint64), ("evictions", c_uint64), ("locked_bytes", c_uint64),
                 ("lock_failures", c_uint64), ("wait_seconds", c_double),
-                ("guess_bytes", c_uint64), ("guess_unused_bytes", c_uint64)]
+                ("guess_bytes", c_uint64), ("guess_unused_bytes", c_uint64),
+                ("faulted_ahead_bytes", c_uint64)]
 
 
 #: Every struct the package mirrors, by its C name (the layout test compares them with C).

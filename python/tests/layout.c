@@ -59,6 +59,7 @@ int main(void)
     M(ferry_stats, prepares); M(ferry_stats, prefetch_hits); M(ferry_stats, prefetch_misses);
     M(ferry_stats, evictions); M(ferry_stats, locked_bytes); M(ferry_stats, lock_failures);
     M(ferry_stats, wait_seconds); M(ferry_stats, guess_bytes); M(ferry_stats, guess_unused_bytes);
+    M(ferry_stats, faulted_ahead_bytes);
     END();
     printf("}\n");
     return 0;

@@ -37,6 +37,8 @@
 /* FERRY_LOAD_AUTO serves a tensor from the mapping when at least this fraction of its pages is in
  * the page cache when it is bound; else it reads a private copy */
 #define FERRY__AUTO_MAP_CACHED 0.5
+/* most blocks the first pass's streamed copies are faulted into ahead (memory.c) */
+#define FERRY__WARM_MAX 64
 
 typedef struct ferry__trace ferry__trace;
 typedef struct ferry__arena ferry__arena; /* arena.c: one mapping for a group load's host copies */
@@ -362,6 +364,19 @@ struct ferry {
         size_t n;             /* entries (0: not summed) */
         size_t n_tensors;     /* prefetch.follow_tensors when they were summed */
         uint64_t set_max;     /* the largest prepared set's bytes seen */
+        /* The streamed copies' first blocks, faulted in ahead (memory.c, ferry__first_warm): the
+         * thread writes warm_base and warm_done; they are read after it is joined. */
+        pthread_t warm_thread;
+        int warming;          /* warm_thread was started and is not joined yet */
+        int warmed;           /* a warm was started once: never again */
+        atomic_int warm_stop; /* the thread stops at its next huge page */
+        size_t warm_n;        /* blocks planned, each warm_block bytes but the last */
+        size_t warm_done;     /* blocks allocated (written by the thread) */
+        uint64_t warm_faulted; /* of their bytes, faulted in (written by the thread) */
+        atomic_int warm_exited; /* the thread has returned (the fields above are final) */
+        uint64_t warm_block;
+        uint64_t warm_total;  /* the bytes planned, counted in the host's used from the start */
+        void *warm_base[FERRY__WARM_MAX];
     } first;
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
         unsigned inflight_prefetch;
@@ -399,6 +414,17 @@ struct ferry {
  * the others through their own blocks (memory.c, "the first pass where fresh huge pages are
  * dear"). */
 void ferry__first_init(ferry *f);
+/* Where the first pass's placement will stream copies on the host (memory.c, "the first pass
+ * where fresh huge pages are dear"), faults their first blocks in on a thread of its own, so that
+ * an engine's set-up before its first prepare covers them; once per manager, and only while the
+ * host holds nothing. Lock held. */
+void ferry__first_warm(ferry *f);
+/* Stops that thread at its next huge page and waits for it; what it faulted in joins the pool,
+ * the rest of its bytes leave the budget. No-op when none runs. Lock held (the thread never
+ * takes it). */
+void ferry__first_warm_join(ferry *f);
+/* N of "blk.N." in NAME, or -1 when it has none (slice.c). */
+int64_t ferry__layer_of(const char *name);
 
 /* coldload.c */
 /* FERRY_AUTO_COLD=map|private, read when F is created: decided for the manager's life. */
@@ -467,6 +493,9 @@ uint64_t ferry__outer_rows(const ferry_tensor *t);
 
 /* policy.c */
 const ferry_policy *ferry__policy_of(const ferry *f, const ferry_tensor *t);
+/* The policy T has or, not bound yet, will have at its first use: its group's by the rules as
+ * they stand now. */
+const ferry_policy *ferry__policy_ahead(const ferry *f, const ferry_tensor *t);
 /* Appends T to ferry.all, giving it its uid. */
 int ferry__register(ferry *f, ferry_tensor *t);
 /* Decides the placement of T from its policy and size alone (never from the load mode for

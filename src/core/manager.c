@@ -171,11 +171,11 @@ void ferry_destroy(ferry *f)
     /* Memory the engine's queued work still reads (releases waiting on events) is waited for
      * first. Then cancel and drain: the loaders finish what they run, drop the queue and exit;
      * only then is memory freed. */
-    if (f->jobs.loaders) {
-        pthread_mutex_lock(&f->lock);
+    pthread_mutex_lock(&f->lock);
+    ferry__first_warm_join(f);
+    if (f->jobs.loaders)
         ferry__fences_wait_all(f);
-        pthread_mutex_unlock(&f->lock);
-    }
+    pthread_mutex_unlock(&f->lock);
     ferry__loaders_stop(f);
     if (f->trace.tr) {
         ferry__trace_write(f->trace.tr, NULL);
@@ -407,6 +407,8 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         }
     }
     if (!rc) {
+        if (device == FERRY__HOST)
+            ferry__first_warm_join(f); /* its blocks were counted against the budget before */
         f->devs[device].budget = bytes;
         /* pool and huge pages only under a host budget given (a no-op where
          * the device has no set_reuse); a pool left from before is trimmed by the shrink below */
@@ -422,6 +424,8 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         }
         if (f->devs[device].default_budget)
             ferry__pool_trim(f, device, UINT64_MAX);
+        if (device == FERRY__HOST)
+            ferry__first_warm(f);
     }
     pthread_mutex_unlock(&f->lock);
     return ferry__publish(f, rc, e);
@@ -626,6 +630,7 @@ int ferry_group_add(ferry *f, const char *name, const char *pattern, const ferry
         goto out;
     }
     ferry__rebind_all(f, 0, NULL);
+    ferry__first_warm(f);
 out:
     pthread_mutex_unlock(&f->lock);
     return ferry__publish(f, rc, e);
@@ -655,6 +660,7 @@ static int add_pattern(ferry *f, char ***list, size_t *n, const char *pattern)
         goto out;
     }
     ferry__rebind_all(f, 0, NULL);
+    ferry__first_warm(f);
 out:
     pthread_mutex_unlock(&f->lock);
     return ferry__publish(f, rc, e);

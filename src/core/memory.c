@@ -742,6 +742,147 @@ static int first_pass_stream(ferry *f, int dev, uint64_t size, uint64_t below, u
     return 0;
 }
 
+/* ---- the streamed copies' first blocks, faulted in ahead ----------------------------------------
+ *
+ * The placement above keeps about B - R in small pages, which fault in fast, and streams the rest
+ * through R bytes of blocks in huge pages, which every later pass reads into. Those R bytes of
+ * fresh huge pages are most of what the first pass faults in at the slow rate, and they are known
+ * before the first prepare: R from the largest run of the file's streamed tensors in one layer
+ * (the sets an engine prepares are most often its layers; a tensor of no layer is a run of its
+ * own), as first_pass_share sizes it from the sets it sees. So once a host budget is given and the
+ * groups' rules say which tensors stream, a thread of the manager's faults R in (WARM_BLOCK each),
+ * while the engine sets itself up. The first reservation on the host stops it at its next huge
+ * page: the blocks it made join the pool, which the streamed copies take (a copy predicted kept
+ * takes a fresh block of small pages, not the pool). An engine that prepares at once gets the few
+ * pages faulted by then; one that sets up for longer than R takes to fault in gets all of it.
+ * A guess of R too large leaves pooled blocks, which the first reservations short of room free. */
+#define WARM_BLOCK (UINT64_C(32) << 20)
+
+/* Whether T, not bound yet (its first use binds it), will stream on the host by the policy its
+ * group's rules give it now (streams_on, as far as the policy tells). */
+static int streams_ahead(const ferry *f, const ferry_tensor *t)
+{
+    const ferry_policy *p = ferry__policy_ahead(f, t);
+    uint64_t lazy_at = p->lazy_threshold ? p->lazy_threshold : FERRY_LAZY_DEFAULT_THRESHOLD;
+    return !t->removed && p->home == FERRY_HOME_DISK && p->compute_device == FERRY__HOST &&
+           p->n_split < 2 && !p->experts && p->lazy != FERRY_LAZY_ON &&
+           !(p->lazy == FERRY_LAZY_AUTO && t->info.nbytes >= lazy_at);
+}
+
+/* The bytes of the largest run of consecutive tensors of the file that stream on the host and lie
+ * in one layer (ferry__layer_of), each tensor of no layer a run of its own. */
+static uint64_t first_set_guess(const ferry *f)
+{
+    uint64_t best = 0, run = 0;
+    int64_t run_layer = -1;
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const ferry_tensor *t = f->tensors[i];
+        if (t->bound ? !streams_on(f, t, FERRY__HOST) : !streams_ahead(f, t))
+            continue;
+        uint64_t b = ferry__host_alloc_size(t, 0);
+        b = b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+        int64_t layer = ferry__layer_of(t->info.name);
+        if (layer < 0 || layer != run_layer)
+            run = 0;
+        run_layer = layer;
+        run = run > UINT64_MAX - b ? UINT64_MAX : run + b;
+        if (run > best)
+            best = run;
+    }
+    return best;
+}
+
+static uint64_t warm_size(const ferry *f, size_t i)
+{
+    return i + 1 < f->first.warm_n ? f->first.warm_block
+                                   : f->first.warm_total - f->first.warm_block * (f->first.warm_n - 1);
+}
+
+static void *warm_main(void *arg)
+{
+    ferry *f = arg;
+    ferry_device *d = f->devs[FERRY__HOST].d; /* the host's device is never replaced */
+    for (size_t i = 0; i < f->first.warm_n && !atomic_load(&f->first.warm_stop); i++) {
+        uint64_t size = warm_size(f, i);
+        double t0 = ferry__now();
+        void *p = NULL;
+        if (d->ops->alloc(d, size, &p) || !p)
+            break; /* short of memory: the streamed copies fault their own blocks in */
+        f->first.warm_base[i] = p;
+        f->first.warm_done = i + 1;
+        volatile unsigned char *q = p;
+        uint64_t off = 0;
+        for (; off < size && !atomic_load(&f->first.warm_stop); off += FERRY__HUGE_PAGE)
+            for (uint64_t o = off; o < off + FERRY__HUGE_PAGE && o < size; o += 4096)
+                q[o] = 0;
+        f->first.warm_faulted += off < size ? off : size;
+        char b[32];
+        ferry__trace_addf(f, "memory", t0, ferry__now(), "fault in ahead %s",
+                          ferry__fmt_size(size, b));
+    }
+    atomic_store(&f->first.warm_exited, 1);
+    return NULL;
+}
+
+void ferry__first_warm(ferry *f)
+{
+    ferry__dev *D = &f->devs[FERRY__HOST];
+    if (f->first.warmed || f->first.warming || !first_pass_pages(f, FERRY__HOST) || D->used ||
+        D->n_pool || D->no_stitch || !ferry__device_has_reuse(D->d) || f->jobs.closing)
+        return;
+    uint64_t b = D->budget, set = first_set_guess(f);
+    if (!set || set > b)
+        return;
+    uint64_t r = set * FIRST_ROOM_SETS + b / FIRST_SLACK;
+    if (r >= b)
+        return; /* nothing predicted kept: the placement does nothing */
+    r -= r % FERRY__HUGE_PAGE;
+    uint64_t block = WARM_BLOCK;
+    if (r / block >= FERRY__WARM_MAX) {
+        block = r / FERRY__WARM_MAX + FERRY__HUGE_PAGE;
+        block -= block % FERRY__HUGE_PAGE;
+    }
+    if (!r)
+        return;
+    f->first.warm_block = block;
+    f->first.warm_n = (size_t)((r + block - 1) / block);
+    f->first.warm_total = r;
+    f->first.warm_done = 0;
+    f->first.warm_faulted = 0;
+    atomic_store(&f->first.warm_exited, 0);
+    atomic_store(&f->first.warm_stop, 0);
+    f->first.warmed = 1;
+    D->used += r; /* the budget holds the blocks from the start: no reservation races them */
+    if (pthread_create(&f->first.warm_thread, NULL, warm_main, f)) {
+        D->used -= r;
+        return;
+    }
+    if (D->used > D->peak)
+        D->peak = D->used;
+    f->first.warming = 1;
+}
+
+void ferry__first_warm_join(ferry *f)
+{
+    if (!f->first.warming)
+        return;
+    atomic_store(&f->first.warm_stop, 1);
+    pthread_join(f->first.warm_thread, NULL);
+    f->first.warming = 0;
+    ferry__dev *D = &f->devs[FERRY__HOST];
+    uint64_t made = 0;
+    for (size_t i = 0; i < f->first.warm_done; i++) {
+        uint64_t size = warm_size(f, i);
+        made += size;
+        if (!pool_put(f, FERRY__HOST, f->first.warm_base[i], size)) {
+            dev_free(f, FERRY__HOST, f->first.warm_base[i]);
+            D->used -= size;
+        }
+    }
+    D->used -= f->first.warm_total - made;
+    f->stats.faulted_ahead_bytes += f->first.warm_faulted;
+}
+
 int ferry__reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, ferry__mem *out,
                   ferry__err *e)
 {
@@ -1005,6 +1146,8 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
                    ferry__mem *out, ferry__err *e)
 {
     ferry__dev *D = &f->devs[dev];
+    if (dev == FERRY__HOST && f->first.warming)
+        ferry__first_warm_join(f);
     out->base = NULL;
     out->size = 0;
     out->moved = 0;
@@ -1033,7 +1176,9 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         uint64_t room = !D->budget ? UINT64_MAX
                         : D->used <= D->budget ? D->budget - D->used
                                                : 0;
-        if (stitch && !D->no_stitch) {
+        /* a copy predicted kept takes a fresh block of small pages: the pool's huge pages are
+         * for the streamed copies */
+        if (stitch && !D->no_stitch && !small) {
             int r = pool_stitch(f, dev, size, room, out);
             if (r > 0)
                 return 0;
@@ -1044,7 +1189,7 @@ static int reserve(ferry *f, int dev, uint64_t size, uint64_t min_dist, int use_
         }
         if (size <= room)
             break;
-        if (D->pooled && pool_trim(f, dev, size - room, stitch && !D->no_stitch))
+        if (D->pooled && pool_trim(f, dev, size - room, stitch && !small && !D->no_stitch))
             continue;
         ferry_tensor *v = pick_victim(f, dev, min_dist);
         if (!v) {

@@ -31,6 +31,14 @@ static int match_group(const ferry *f, const char *name)
     return -1;
 }
 
+const ferry_policy *ferry__policy_ahead(const ferry *f, const ferry_tensor *t)
+{
+    if (t->bound || t->parent)
+        return ferry__policy_of(f, t);
+    int g = match_group(f, t->info.name);
+    return g < 0 ? &default_policy : &f->place.groups[g].policy;
+}
+
 static int matches_any(char **patterns, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)

@@ -44,8 +44,7 @@ static int outer_row(const ferry_tensor *t, uint64_t *row_bytes, uint64_t *row_e
     return 0;
 }
 
-/* N of "blk.N." in NAME, or -1 when it has none. */
-static int64_t layer_of(const char *name)
+int64_t ferry__layer_of(const char *name)
 {
     const char *b = strstr(name, "blk.");
     while (b) {
@@ -63,7 +62,7 @@ static int64_t layer_of(const char *name)
 
 int ferry__moe_add(ferry *f, ferry_tensor *t, ferry__err *e)
 {
-    int64_t layer = layer_of(t->parent->info.name);
+    int64_t layer = ferry__layer_of(t->parent->info.name);
     size_t g = 0;
     while (g < f->moe.n_groups && f->moe.layer[g] != layer)
         g++;
