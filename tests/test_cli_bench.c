@@ -86,6 +86,11 @@ static void check_stream(const ferry__json *s, uint64_t model, uint64_t want_bud
            f_secs = jnum(jget(s, "first_pass_seconds"));
     CHECK(fabs(f_eff - f_bound / f_secs) <= 1e-9 * f_eff + 1e-12);
     CHECK(fabs(f_secs - jnum(&ps->items[0])) <= 1e-12 + 1e-9 * f_secs);
+    /* what ferry faulted in before the first pass: within its budget, none for a device */
+    const ferry__json *ahead = jget(s, "first_pass_faulted_ahead_bytes");
+    CHECK(ahead && ahead->type == FERRY__JSON_NUMBER && jnum(ahead) >= 0 && jnum(ahead) <= budget);
+    if (strcmp(device, "cpu") != 0)
+        CHECK(jnum(ahead) == 0);
     /* the kept memory faulted in at the rate of fresh 2 MiB pages (cpu streams) */
     double fault = jnum(jget(s, "first_pass_fault_seconds"));
     double f_mach = jnum(jget(s, "first_pass_machine_efficiency"));

@@ -99,6 +99,40 @@ int main(void)
         if (!(p1 > 0 && p1 <= 200 * 1024 && p2 > 0 && p2 <= 200 * 1024 && ev > 0))
             fprintf(stderr, "split budget: %s\n", out);
     }
+    /* --setup: the streaming buffers faulted in while the engine would set itself up, within the
+     * budget, every copy as in the file (FERRY_KEPT_PAGES=small places the first pass as where
+     * fresh huge pages are dear; =huge never) */
+    {
+        char big[1200];
+        snprintf(big, sizeof big, "%s/big.gguf", g_dir);
+        snprintf(cmd, sizeof cmd, "%s gen -o '%s' --layers 4 --dim 512 --ff 1408 --vocab 1000 "
+                 "--dtype f32 --quiet", FERRY_CLI, big);
+        CHECK_EQ_INT(sh(cmd, NULL, 0), 0);
+        for (int pages = 0; pages < 2; pages++) {
+            snprintf(cmd, sizeof cmd,
+                     "FERRY_KEPT_PAGES=%s %s run '%s' --home disk --budget host=40MiB --setup 1 "
+                     "--passes 2 --verify --json --quiet 2>&1",
+                     pages ? "huge" : "small", FERRY_CLI, big);
+            CHECK_EQ_INT(sh(cmd, out, sizeof out), 0);
+            long long ahead = -1, peak = -1;
+            const char *a = strstr(out, "\"faulted_ahead_bytes\"");
+            const char *hp = strstr(out, "\"host_peak_bytes\"");
+            if (a)
+                sscanf(a, "\"faulted_ahead_bytes\": %lld", &ahead);
+            if (hp)
+                sscanf(hp, "\"host_peak_bytes\": %lld", &peak);
+            CHECK(strstr(out, "\"verify\": \"ok\"") != NULL);
+            CHECK(peak > 0 && peak <= 40 << 20);
+            if (pages == 0)
+                CHECK(ahead >= 2 << 20 && ahead <= peak);
+            else
+                CHECK_EQ_INT(ahead, 0);
+            if (!(ahead >= 0 && peak > 0))
+                fprintf(stderr, "setup: %s\n", out);
+        }
+        snprintf(cmd, sizeof cmd, "%s run '%s' --setup soon 2>&1", FERRY_CLI, big);
+        CHECK_EQ_INT(sh(cmd, out, sizeof out), 2);
+    }
     /* a budget too small for one layer: a clear error, exit 1 */
     snprintf(cmd, sizeof cmd, "%s run '%s' --home disk --budget host=4KiB --quiet 2>&1",
              FERRY_CLI, gguf);

@@ -743,8 +743,7 @@ static void test_first_pass_faulted_ahead(void)
     uint64_t total = f->first.warm_total, lo[FERRY__WARM_MAX], hi[FERRY__WARM_MAX];
     for (size_t i = 0; i < nb; i++) {
         lo[i] = (uint64_t)(uintptr_t)f->first.warm_base[i];
-        hi[i] = lo[i] + (i + 1 < f->first.warm_n ? f->first.warm_block
-                                                 : total - f->first.warm_block * (nb - 1));
+        hi[i] = lo[i] + f->first.warm_size[i];
     }
     CHECK(nb == f->first.warm_n && nb > 0);
     CHECK(f->first.warm_faulted == total && total > 0 && total < budget);

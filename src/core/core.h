@@ -38,7 +38,7 @@
  * the page cache when it is bound; else it reads a private copy */
 #define FERRY__AUTO_MAP_CACHED 0.5
 /* most blocks the first pass's streamed copies are faulted into ahead (memory.c) */
-#define FERRY__WARM_MAX 64
+#define FERRY__WARM_MAX 256
 
 typedef struct ferry__trace ferry__trace;
 typedef struct ferry__arena ferry__arena; /* arena.c: one mapping for a group load's host copies */
@@ -370,12 +370,12 @@ struct ferry {
         int warming;          /* warm_thread was started and is not joined yet */
         int warmed;           /* a warm was started once: never again */
         atomic_int warm_stop; /* the thread stops at its next huge page */
-        size_t warm_n;        /* blocks planned, each warm_block bytes but the last */
+        size_t warm_n;        /* blocks planned, of warm_size bytes each */
         size_t warm_done;     /* blocks allocated (written by the thread) */
         uint64_t warm_faulted; /* of their bytes, faulted in (written by the thread) */
         atomic_int warm_exited; /* the thread has returned (the fields above are final) */
-        uint64_t warm_block;
         uint64_t warm_total;  /* the bytes planned, counted in the host's used from the start */
+        uint64_t warm_size[FERRY__WARM_MAX];
         void *warm_base[FERRY__WARM_MAX];
     } first;
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */

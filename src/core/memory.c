@@ -746,17 +746,21 @@ static int first_pass_stream(ferry *f, int dev, uint64_t size, uint64_t below, u
  *
  * The placement above keeps about B - R in small pages, which fault in fast, and streams the rest
  * through R bytes of blocks in huge pages, which every later pass reads into. Those R bytes of
- * fresh huge pages are most of what the first pass faults in at the slow rate, and they are known
- * before the first prepare: R from the largest run of the file's streamed tensors in one layer
- * (the sets an engine prepares are most often its layers; a tensor of no layer is a run of its
- * own), as first_pass_share sizes it from the sets it sees. So once a host budget is given and the
- * groups' rules say which tensors stream, a thread of the manager's faults R in (WARM_BLOCK each),
- * while the engine sets itself up. The first reservation on the host stops it at its next huge
- * page: the blocks it made join the pool, which the streamed copies take (a copy predicted kept
- * takes a fresh block of small pages, not the pool). An engine that prepares at once gets the few
- * pages faulted by then; one that sets up for longer than R takes to fault in gets all of it.
- * A guess of R too large leaves pooled blocks, which the first reservations short of room free. */
-#define WARM_BLOCK (UINT64_C(32) << 20)
+ * fresh huge pages are most of what the first pass faults in at the slow rate, and they can be
+ * told before the first prepare: R from the largest run of the file's streamed tensors in one
+ * layer (the sets an engine prepares are most often its layers; a tensor of no layer is a run of
+ * its own), as first_pass_share sizes it from the sets it sees, and the blocks themselves from the
+ * prediction of first_pass_order and first_pass_share applied to the file order: the first
+ * streamed copies' blocks, of their sizes, up to R. So once a host budget is given and the groups'
+ * rules say which tensors stream, a thread of the manager's allocates and faults those blocks in
+ * while the engine sets itself up. Of each copy's own size, a pooled block serves it where it lies
+ * (pool_fit) in the first pass and in every pass after, as the fresh block it stands for would.
+ * The first reservation on the host stops the thread at its next huge page: the blocks it made
+ * join the pool, which the streamed copies take (a copy predicted kept takes a fresh block of
+ * small pages, not the pool). An engine that prepares at once gets the few pages faulted by then;
+ * one that sets up for longer than R takes to fault in gets all of it. A guess wrong either way
+ * costs time, not bytes: blocks no copy takes stay pooled until a reservation short of room frees
+ * them. */
 
 /* Whether T, not bound yet (its first use binds it), will stream on the host by the policy its
  * group's rules give it now (streams_on, as far as the policy tells). */
@@ -769,6 +773,16 @@ static int streams_ahead(const ferry *f, const ferry_tensor *t)
            !(p->lazy == FERRY_LAZY_AUTO && t->info.nbytes >= lazy_at);
 }
 
+/* The bytes of T's block when it streams on the host (as first_pass_order counts them), or 0 when
+ * it does not. */
+static uint64_t warm_bytes(const ferry *f, const ferry_tensor *t)
+{
+    if (t->bound ? !streams_on(f, t, FERRY__HOST) : !streams_ahead(f, t))
+        return 0;
+    uint64_t b = ferry__host_alloc_size(t, 0);
+    return b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+}
+
 /* The bytes of the largest run of consecutive tensors of the file that stream on the host and lie
  * in one layer (ferry__layer_of), each tensor of no layer a run of its own. */
 static uint64_t first_set_guess(const ferry *f)
@@ -777,10 +791,9 @@ static uint64_t first_set_guess(const ferry *f)
     int64_t run_layer = -1;
     for (size_t i = 0; i < f->n_tensors; i++) {
         const ferry_tensor *t = f->tensors[i];
-        if (t->bound ? !streams_on(f, t, FERRY__HOST) : !streams_ahead(f, t))
+        uint64_t b = warm_bytes(f, t);
+        if (!b)
             continue;
-        uint64_t b = ferry__host_alloc_size(t, 0);
-        b = b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
         int64_t layer = ferry__layer_of(t->info.name);
         if (layer < 0 || layer != run_layer)
             run = 0;
@@ -792,10 +805,44 @@ static uint64_t first_set_guess(const ferry *f)
     return best;
 }
 
-static uint64_t warm_size(const ferry *f, size_t i)
+/* Plans the blocks of the first copies predicted streamed, in file order (the tensors at their
+ * indices as positions), up to R bytes: f->first.warm_size, warm_n and warm_total. 0 when there is
+ * nothing to plan (or no memory to plan it). */
+static int warm_plan(ferry *f, uint64_t r)
 {
-    return i + 1 < f->first.warm_n ? f->first.warm_block
-                                   : f->first.warm_total - f->first.warm_block * (f->first.warm_n - 1);
+    size_t m = f->n_tensors < UINT32_MAX ? f->n_tensors : UINT32_MAX;
+    rank_bytes *rb = m ? malloc(m * sizeof *rb) : NULL;
+    if (!rb)
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < m; i++) {
+        uint64_t b = warm_bytes(f, f->tensors[i]);
+        if (b)
+            rb[n++] = (rank_bytes){.rank = bits_reversed((uint32_t)i), .bytes = b};
+    }
+    /* the rank below which copies are kept: those that fit in B - R, taken in rank order */
+    qsort(rb, n, sizeof *rb, rank_bytes_cmp);
+    uint64_t room = f->devs[FERRY__HOST].budget - r, sum = 0, below = UINT64_C(1) << 32;
+    for (size_t k = 0; k < n; k++) {
+        sum += rb[k].bytes;
+        if (sum > room) {
+            below = rb[k].rank;
+            break;
+        }
+    }
+    free(rb);
+    f->first.warm_n = 0;
+    f->first.warm_total = 0;
+    for (size_t i = 0; i < m && f->first.warm_n < FERRY__WARM_MAX; i++) {
+        uint64_t b = warm_bytes(f, f->tensors[i]);
+        if (!b || bits_reversed((uint32_t)i) < below || b < FERRY__CPU_MAP_MIN)
+            continue; /* kept, or not a block of its own */
+        if (f->first.warm_total + b > r)
+            break;
+        f->first.warm_size[f->first.warm_n++] = b;
+        f->first.warm_total += b;
+    }
+    return f->first.warm_n > 0;
 }
 
 static void *warm_main(void *arg)
@@ -803,7 +850,7 @@ static void *warm_main(void *arg)
     ferry *f = arg;
     ferry_device *d = f->devs[FERRY__HOST].d; /* the host's device is never replaced */
     for (size_t i = 0; i < f->first.warm_n && !atomic_load(&f->first.warm_stop); i++) {
-        uint64_t size = warm_size(f, i);
+        uint64_t size = f->first.warm_size[i];
         double t0 = ferry__now();
         void *p = NULL;
         if (d->ops->alloc(d, size, &p) || !p)
@@ -834,27 +881,17 @@ void ferry__first_warm(ferry *f)
     if (!set || set > b)
         return;
     uint64_t r = set * FIRST_ROOM_SETS + b / FIRST_SLACK;
-    if (r >= b)
-        return; /* nothing predicted kept: the placement does nothing */
-    r -= r % FERRY__HUGE_PAGE;
-    uint64_t block = WARM_BLOCK;
-    if (r / block >= FERRY__WARM_MAX) {
-        block = r / FERRY__WARM_MAX + FERRY__HUGE_PAGE;
-        block -= block % FERRY__HUGE_PAGE;
-    }
-    if (!r)
-        return;
-    f->first.warm_block = block;
-    f->first.warm_n = (size_t)((r + block - 1) / block);
-    f->first.warm_total = r;
+    if (r >= b || !warm_plan(f, r))
+        return; /* nothing predicted kept (the placement does nothing), or nothing streamed */
     f->first.warm_done = 0;
     f->first.warm_faulted = 0;
     atomic_store(&f->first.warm_exited, 0);
     atomic_store(&f->first.warm_stop, 0);
     f->first.warmed = 1;
-    D->used += r; /* the budget holds the blocks from the start: no reservation races them */
+    /* the budget holds the blocks from the start: no reservation races them */
+    D->used += f->first.warm_total;
     if (pthread_create(&f->first.warm_thread, NULL, warm_main, f)) {
-        D->used -= r;
+        D->used -= f->first.warm_total;
         return;
     }
     if (D->used > D->peak)
@@ -872,7 +909,7 @@ void ferry__first_warm_join(ferry *f)
     ferry__dev *D = &f->devs[FERRY__HOST];
     uint64_t made = 0;
     for (size_t i = 0; i < f->first.warm_done; i++) {
-        uint64_t size = warm_size(f, i);
+        uint64_t size = f->first.warm_size[i];
         made += size;
         if (!pool_put(f, FERRY__HOST, f->first.warm_base[i], size)) {
             dev_free(f, FERRY__HOST, f->first.warm_base[i]);

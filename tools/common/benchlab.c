@@ -935,6 +935,8 @@ static int run_stream(benchlab *b, uint64_t budget, const char *device, int spli
         }
         r->seconds[p] = ferry_now() - t0;
         ferry_get_stats(f, &s1);
+        if (p == 0)
+            r->first_ahead = s1.faulted_ahead_bytes;
         /* What came into the compute device's memory from outside it: read from the file on the
          * cpu, copied to the device otherwise. */
         r->bytes[p] = device ? s1.bytes_copied - s0.bytes_copied : s1.bytes_read - s0.bytes_read;

@@ -82,6 +82,8 @@ typedef struct benchlab_stream {
     uint32_t readers;     /* the manager's I/O workers (ferry_options.io_threads) */
     uint64_t request;     /* bytes of one worker read (ferry_options.io_request_bytes) */
     double first_seconds; /* pass 1: recorded while prefetching in file order */
+    uint64_t first_ahead; /* of its buffers, faulted in by ferry during the rest before it, as
+                             during an engine's set-up (ferry_stats.faulted_ahead_bytes) */
     double first_bound;   /* max(M / O_DIRECT read before it, resident compute) */
     double first_efficiency;
     double first_fault_s; /* min(B, M) / fresh memory: the kept memory faulted in for the first

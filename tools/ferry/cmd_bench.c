@@ -499,6 +499,8 @@ static void json_stream(cli_json *j, const benchlab_stream *r, const benchlab *b
     cli_json_u64(j, r->readers);
     cli_json_key(j, "first_pass_seconds");
     cli_json_f64(j, r->first_seconds);
+    cli_json_key(j, "first_pass_faulted_ahead_bytes");
+    cli_json_u64(j, r->first_ahead);
     cli_json_key(j, "first_pass_bound_seconds");
     cli_json_f64(j, r->first_bound);
     cli_json_key(j, "first_pass_efficiency");
@@ -722,7 +724,10 @@ int cmd_bench(int argc, char **argv)
         "consecutive layers, and against the same with the CPUs shared as measured; each\n"
         "first pass also against the same O_DIRECT read by a plain program whose first B\n"
         "bytes go to fresh memory (huge pages, or small ones: the fastest way), as the budget\n"
-        "keeps them. Needs a filesystem that allows O_DIRECT, and rights to drop the\n"
+        "keeps them, the rest into a buffer faulted in before its clock. A stream's rest\n"
+        "before its first pass comes after its manager is set up, as an engine's own set-up\n"
+        "would: where ferry faults in its streaming buffers meanwhile, the JSON says how much\n"
+        "(first_pass_faulted_ahead_bytes). Needs a filesystem that allows O_DIRECT, and rights to drop the\n"
         "file from the page cache (its owner can). Reads the file from the disk about 23 times\n"
         "per run.\n"
         "\n"

@@ -4,8 +4,10 @@
  * higher) weight, release. Reports time per pass, stalls, bytes read, peak memory; --verify checks
  * every prepared tensor's bytes against an independent read (and conversion / merge) of the file.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "commands.h"
 #include "layers.h"
@@ -24,18 +26,22 @@ int cmd_run(int argc, char **argv)
         "%s"
         "  --passes N             passes over the model (default 3)\n"
         "  --cold                 drop the files from the page cache before each pass\n"
+        "  --setup SECONDS        wait this long after setting up, before the first pass, as an\n"
+        "                         engine's own set-up would (where ferry faults in its\n"
+        "                         streaming buffers meanwhile, faulted_ahead_bytes says how much)\n"
         "  --verify               check every prepared tensor against an independent read\n"
         "  --trace FILE           write a Chrome-trace timeline (Perfetto, chrome://tracing)\n"
         "  --json                 one JSON object on stdout\n"
         "  --quiet                no progress bar\n";
     runopts r;
     memset(&r, 0, sizeof r);
-    const char *passes_s = NULL, *trace = NULL;
+    const char *passes_s = NULL, *trace = NULL, *setup_s = NULL;
     int verify = 0, json = 0, cold = 0, quiet = 0;
     const cli_opt opts[] = {
         {"passes", 0, CLI_OPT_STRING, &passes_s}, {"cold", 0, CLI_OPT_FLAG, &cold},
         {"verify", 0, CLI_OPT_FLAG, &verify},     {"trace", 0, CLI_OPT_STRING, &trace},
         {"json", 0, CLI_OPT_FLAG, &json},         {"quiet", 'q', CLI_OPT_FLAG, &quiet},
+        {"setup", 0, CLI_OPT_STRING, &setup_s},
     };
     int npos = 0;
     int prc = runopts_parse_args("run", &r, &argc, argv, opts, sizeof opts / sizeof opts[0],
@@ -49,6 +55,9 @@ int cmd_run(int argc, char **argv)
         prc = cli_usage_error("run", "no model file given");
     uint64_t passes = 3;
     if (!prc && passes_s && cli_arg_u64("run", "passes", passes_s, 1, 1000000, &passes))
+        prc = CLI_EXIT_USAGE;
+    uint64_t setup = 0;
+    if (!prc && setup_s && cli_arg_u64("run", "setup", setup_s, 0, 3600, &setup))
         prc = CLI_EXIT_USAGE;
     ferry *f = NULL;
     if (!prc)
@@ -87,6 +96,11 @@ int cmd_run(int argc, char **argv)
     w.verify = verify;
     w.cold = cold;
     uint64_t model = ferry_catalog_total_bytes(ferry_catalog_of(f));
+    if (setup) {
+        struct timespec ts = {(time_t)setup, 0};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
     rc = workload_run(&w, passes, ps, !json && !quiet);
     if (trace)
         ferry_trace_stop(f);
@@ -141,6 +155,8 @@ int cmd_run(int argc, char **argv)
         cli_json_u64(&j, st.prefetch_misses);
         cli_json_key(&j, "evictions");
         cli_json_u64(&j, st.evictions);
+        cli_json_key(&j, "faulted_ahead_bytes");
+        cli_json_u64(&j, st.faulted_ahead_bytes);
         cli_json_key(&j, "verify");
         cli_json_string(&j, !verify ? "off" : w.verify_failed ? "failed" : "ok");
         cli_json_end_object(&j);
