@@ -615,6 +615,16 @@ static void test_huge_page_advice(void)
     ferry_destroy(f);
 }
 
+/* A manager created with FERRY_KEPT_PAGES=PAGES (read when it is created): "small" places the first
+ * pass as where fresh huge pages are dear, on any machine; "huge" never. */
+static ferry *create_kept(const char *pages)
+{
+    setenv("FERRY_KEPT_PAGES", pages, 1);
+    ferry *f = ferry_create(NULL);
+    unsetenv("FERRY_KEPT_PAGES");
+    return f;
+}
+
 /* The first pass where fresh huge pages are dear (FERRY_KEPT_PAGES=small stands for a VM that
  * reports free memory to its host): a model of 12 layers, tensors of 1-4 MiB, streamed in file
  * order under a budget of 2/5 of it, four passes. What each copy turned out to be is read from
@@ -628,9 +638,7 @@ static char g_deep[1200];
 static void stream_pages(const char *kept_pages, size_t *kept, size_t *kept_nh,
                          size_t *streamed, size_t *streamed_nh, uint64_t *read_late, int *ok)
 {
-    setenv("FERRY_KEPT_PAGES", kept_pages, 1);
-    ferry *f = ferry_create(NULL);
-    unsetenv("FERRY_KEPT_PAGES");
+    ferry *f = create_kept(kept_pages);
     size_t n;
     ferry_tensor **ts = open_streamed(f, g_deep, &n, NULL);
     *kept = *kept_nh = *streamed = *streamed_nh = 0;
@@ -724,9 +732,7 @@ static void test_first_pass_kept_small(void)
  * the budget, every copy equal to the file. */
 static void test_first_pass_faulted_ahead(void)
 {
-    setenv("FERRY_KEPT_PAGES", "small", 1);
-    ferry *f = ferry_create(NULL);
-    unsetenv("FERRY_KEPT_PAGES");
+    ferry *f = create_kept("small");
     size_t n;
     uint64_t model;
     ferry_tensor **ts = open_streamed(f, g_deep, &n, &model);
@@ -809,9 +815,7 @@ static void test_first_pass_faulted_ahead(void)
     ferry_destroy(f);
 
     /* no placement, no thread */
-    setenv("FERRY_KEPT_PAGES", "huge", 1);
-    f = ferry_create(NULL);
-    unsetenv("FERRY_KEPT_PAGES");
+    f = create_kept("huge");
     ts = open_streamed(f, g_deep, &n, NULL);
     if (ts) {
         CHECK_EQ_INT(ferry_prepare(f, ts, 1), 0);
@@ -826,9 +830,7 @@ static void test_first_pass_faulted_ahead(void)
     /* stopped by a new budget and by the manager's end while it runs: what it made stays
      * counted only while pooled, the budget holds, nothing leaks (the sanitizers' builds) */
     for (int round = 0; round < 2; round++) {
-        setenv("FERRY_KEPT_PAGES", "small", 1);
-        f = ferry_create(NULL);
-        unsetenv("FERRY_KEPT_PAGES");
+        f = create_kept("small");
         ts = open_streamed(f, g_deep, &n, &model);
         if (ts && round == 0) {
             CHECK_EQ_INT(ferry_set_budget(f, 0, model / 4), 0);

@@ -105,6 +105,12 @@ static uint64_t stitched_size(uint64_t size)
     return tail <= ferry__stitch_tail_max() ? body + tail : body + FERRY__HUGE_PAGE;
 }
 
+/* The bytes a reservation of SIZE takes where reserve stitches it (an upper bound where not). */
+static uint64_t block_bytes(uint64_t size)
+{
+    return size >= FERRY__CPU_MAP_MIN && size <= UINT64_MAX - 4096 ? stitched_size(size) : size;
+}
+
 /* The whole 2 MiB pages of a block of SIZE (SIZE itself below 2 MiB). */
 static uint64_t body_of(uint64_t size)
 {
@@ -399,9 +405,8 @@ static uint64_t copy_bytes(const ferry *f, const ferry_tensor *t, int dev)
 {
     if (t->comp.state != FERRY__EMPTY && t->comp.mem.size)
         return t->comp.mem.size;
-    uint64_t b = ferry__host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
-                                          : ferry__dev_alloc_size(t);
-    return b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+    return block_bytes(ferry__host_side(f, dev) ? ferry__host_alloc_size(t, ferry__transformed(t))
+                                                : ferry__dev_alloc_size(t));
 }
 
 /* The bytes of DEV's budget the recorded pass's tensors (none of them slices) take: the dense
@@ -614,8 +619,7 @@ static void first_pass_order(ferry *f, int dev)
         const ferry_tensor *t = fo->order[i] < f->n_all ? f->all[fo->order[i]] : NULL;
         if (!t || (t->bound && !streams_on(f, t, dev)))
             continue;
-        uint64_t b = ferry__host_alloc_size(t, 0);
-        b = b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+        uint64_t b = block_bytes(ferry__host_alloc_size(t, 0));
         rb[n++] = (rank_bytes){.rank = bits_reversed((uint32_t)i), .bytes = b};
     }
     uint32_t *rank = n ? malloc(n * sizeof *rank) : NULL;
@@ -779,8 +783,7 @@ static uint64_t warm_bytes(const ferry *f, const ferry_tensor *t)
 {
     if (t->bound ? !streams_on(f, t, FERRY__HOST) : !streams_ahead(f, t))
         return 0;
-    uint64_t b = ferry__host_alloc_size(t, 0);
-    return b >= FERRY__CPU_MAP_MIN && b <= UINT64_MAX - 4096 ? stitched_size(b) : b;
+    return block_bytes(ferry__host_alloc_size(t, 0));
 }
 
 /* The bytes of the largest run of consecutive tensors of the file that stream on the host and lie
