@@ -591,13 +591,13 @@ FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *o
  *
  * Faulting in ahead: where fresh huge pages are dear (docs/guide.md, "Budgets, eviction and
  * prefetch"), a host budget given here or at ferry_create, once tensors of home disk are known
- * (ferry_group_add) and before anything is held on the host, starts a thread of the manager's
- * that faults in, within the budget, the buffers the first pass will stream through (those of the
- * first copies it will stream, each of its copy's size, up to twice the file's largest layer and
- * a sixteenth of the budget), while the engine sets itself up. The
- * first reservation on the host (a prepare, a prefetch, ferry_reserve), a new budget and
- * ferry_destroy stop it within a huge page and pool what it made; ferry_stats.faulted_ahead_bytes
- * says how much. Once per manager. */
+ * (ferry_group_add; ferry_ignore and ferry_optional look again) and before anything is held on
+ * the host, starts a thread of the manager's that faults in, within the budget, the buffers the
+ * first pass will stream through (those of the first copies it will stream, each of its copy's
+ * size, up to twice the file's largest layer and a sixteenth of the budget), while the engine
+ * sets itself up. The first reservation on the host (a prepare, a prefetch, ferry_reserve), a
+ * new budget and ferry_destroy stop it within a huge page and pool what it made;
+ * ferry_stats.faulted_ahead_bytes says how much. Once per manager. */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
 /* Reserves BYTES of DEVICE's budget for the engine's own memory (KV cache, activations, compute
  * buffers), replacing the manager's previous reservation on that device (0 gives it back).
