@@ -516,23 +516,30 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
 
 /* How load AUTO reads the bytes of a tensor the page cache does not hold. By default into a
  * private copy with O_DIRECT; but a manager's first ferry_load_group or ferry_prepare of such
- * tensors, 512 MiB of them or from a file of 512 MiB or more, measures on that file both that
- * (32 MiB into fresh memory) and filling the page cache through the mapping (64 MiB, in up to 4
- * shares at once), and keeps the faster for them and every later AUTO tensor not yet loaded
- * (the mapping when it measured at least 0.8 of the other's rate: its probe's bytes serve the
- * load, and it holds no private memory): where fresh memory faults in slowly (some VMs), the
- * mapping is several times faster. Where the host takes free 2 MiB blocks of the guest back (a
- * VM with free page reporting), the mapping without probing private copies: a probe's few MiB
- * come from pages freed a moment ago, a whole model's copies from memory the host backs again. The
- * environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
+ * tensors, 512 MiB of them or from a file of 512 MiB or more, measures on that file both filling
+ * the page cache through the mapping (64 MiB, in up to 4 shares at once, then read a byte a page)
+ * and that (32 MiB read with O_DIRECT into fresh memory), and keeps the faster for them and every
+ * later AUTO tensor not yet loaded: the mapping when it measured at least 0.8 of the other's rate
+ * (its probe's bytes serve the load, and it holds no private memory). Where fresh memory faults
+ * in slowly (some VMs), the mapping is several times faster.
+ * Where the host takes free 2 MiB blocks of the guest back (a VM with free page reporting, as
+ * /sys/module/page_reporting says: `dear` below), a probe's few MiB come from pages freed a
+ * moment ago, while a whole model meets memory the host backs again, for private copies when they
+ * are faulted in and for the mapping's pages at the engine's first touch. There the private probe
+ * faults up to 128 MiB in small pages, rated by its slowest 16 MiB, and private copies win when
+ * that rate is at least 1.5 times the mapping's and their read at least 0.8 of it.
+ * The environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
  * measures at any size. */
 typedef struct ferry_cold_load {
     int decided;         /* 0: not yet (default: private copies) */
     int map;             /* 1: through the mapping; 0: private copies */
     int forced;          /* decided by FERRY_AUTO_COLD, not measured */
-    double map_gbps;     /* measured (0 when not): populating uncached bytes of the mapping */
+    double map_gbps;     /* measured (0 when not): populating uncached bytes of the mapping and
+                            touching each page once */
     double private_gbps; /* measured: the slower of faulting in fresh memory and reading into it
-                            with O_DIRECT (0 where the host takes free blocks back: not probed) */
+                            with O_DIRECT */
+    double fault_gbps;   /* measured: faulting in fresh memory, the private probe's own rate */
+    int dear;            /* the host takes free 2 MiB blocks back: the rule above applied */
 } ferry_cold_load;
 
 /* F's decision into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */

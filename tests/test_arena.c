@@ -1745,10 +1745,58 @@ static void test_cold_fault_rate(void)
     CHECK(fabs(r - (double)(1u << 20) / 1e-3) <= 1e-6 * r);
     /* nothing to rate */
     CHECK(ferry__cold_fault_rate(even, 0, step) == 0);
-    CHECK(ferry__cold_fault_rate(even, 17, step) == 0);
+    double many[FERRY__COLD_STEPS_MAX + 1];
+    for (int i = 0; i <= FERRY__COLD_STEPS_MAX; i++)
+        many[i] = 1e-3;
+    CHECK(ferry__cold_fault_rate(many, FERRY__COLD_STEPS_MAX + 1, step) == 0);
     CHECK(ferry__cold_fault_rate(even, 16, 0) == 0);
     even[3] = 0;
     CHECK(ferry__cold_fault_rate(even, 16, step) == 0);
+}
+
+/* The long probe's rate in small pages, against its definition: the step's bytes over the time
+ * that the 8 slowest steps (16 MiB) took at least, so that a few slow steps among many are noise
+ * and a run of them is the memory a whole load meets; the slowest step's for 8 steps or fewer. */
+static void test_cold_slow_rate(void)
+{
+    const uint64_t step = UINT64_C(2) << 20;
+    double t[64];
+    for (int i = 0; i < 64; i++)
+        t[i] = 0.5e-3 + 1e-6 * i; /* all alike: the 8th slowest is t[56] */
+    double r = ferry__cold_slow_rate(t, 64, step);
+    CHECK(fabs(r - (double)step / t[56]) <= 1e-9 * r);
+    t[3] = 20e-3; /* one hiccup of 64: the rate hardly moves (t[57] becomes the 8th slowest) */
+    r = ferry__cold_slow_rate(t, 64, step);
+    CHECK(fabs(r - (double)step / t[57]) <= 1e-9 * r);
+    /* warm pages first, then 10 steps of memory the host backs again: the latter's rate (the 8th
+     * slowest of the ten 4 ms steps) */
+    for (int i = 0; i < 20; i++)
+        t[i] = i < 10 ? 0.4e-3 : 4e-3 + 1e-6 * i;
+    r = ferry__cold_slow_rate(t, 20, step);
+    CHECK(fabs(r - (double)step / t[12]) <= 1e-9 * r);
+    /* eight steps or fewer: the slowest */
+    r = ferry__cold_slow_rate(t + 8, 5, step);
+    CHECK(fabs(r - (double)step / t[12]) <= 1e-9 * r);
+    /* nothing to rate */
+    CHECK(ferry__cold_slow_rate(t, 0, step) == 0);
+    CHECK(ferry__cold_slow_rate(t, 64, 0) == 0);
+    t[2] = -1;
+    CHECK(ferry__cold_slow_rate(t, 20, step) == 0);
+    double many[FERRY__COLD_STEPS_MAX + 1];
+    for (int i = 0; i <= FERRY__COLD_STEPS_MAX; i++)
+        many[i] = 1e-3;
+    CHECK(ferry__cold_slow_rate(many, FERRY__COLD_STEPS_MAX + 1, step) == 0);
+}
+
+/* The choice the probe's figures call for, from ferry.h's rule: the mapping when it measured at
+ * least 0.8 of the private copies' rate; where the host takes free 2 MiB blocks back, private
+ * copies when fresh memory faulted in at least 1.5 times as fast as the mapping filled and their
+ * read is at least 0.8 of the mapping's rate. */
+static int cold_rule(const ferry_cold_load *c)
+{
+    if (c->dear)
+        return !(c->fault_gbps >= 1.5 * c->map_gbps && c->private_gbps >= 0.8 * c->map_gbps);
+    return c->map_gbps >= 0.8 * c->private_gbps;
 }
 
 /* With FERRY_AUTO_COLD=ENV (read by ferry_create), a manager with every tensor of g_path in one
@@ -1812,15 +1860,15 @@ static void cold_case(const char *env, int want_map)
             CHECK(stats_of(f).bytes_read > 0 && stats_of(f).bytes_read <= sum);
         } else if (want_map < 0) {
             CHECK_EQ_INT(c.forced, 0);
-            /* a near tie: the mapping; and the mapping, private copies not probed, where the host
-             * takes free 2 MiB blocks back (free page reporting: FERRY_SYSFS_ROOT may stand for
-             * /sys) */
-            int dear = ferry__host_huge_pages_dear();
-            CHECK(c.map_gbps > 0 && (dear ? c.private_gbps == 0 : c.private_gbps > 0));
-            CHECK_EQ_INT(c.map, c.map_gbps >= 0.8 * c.private_gbps || dear);
-            printf("test_cold_choice: probe: mapping %.2f GB/s, private copies %.2f GB/s, free "
-                   "2 MiB blocks %s\n", c.map_gbps, c.private_gbps,
-                   dear ? "handed back to the host" : "kept");
+            /* the rule, with the host's way with free 2 MiB blocks as ferry reads it (free page
+             * reporting: FERRY_SYSFS_ROOT may stand for /sys) */
+            CHECK_EQ_INT(c.dear, ferry__host_huge_pages_dear());
+            CHECK(c.map_gbps > 0 && c.private_gbps > 0 && c.fault_gbps >= c.private_gbps);
+            CHECK_EQ_INT(c.map, cold_rule(&c));
+            printf("test_cold_choice: probe: mapping %.2f GB/s, private copies %.2f GB/s, fresh "
+                   "memory %.2f GB/s, free 2 MiB blocks %s: %s\n", c.map_gbps, c.private_gbps,
+                   c.fault_gbps, c.dear ? "handed back to the host" : "kept",
+                   c.map ? "the mapping" : "private copies");
         }
         CHECK_EQ_INT(ferry_prepare(f, ts, n), 0);
         CHECK_EQ_INT(count_same(f, ts, n), n);
@@ -1853,7 +1901,7 @@ static void cold_case_prepare(void)
         ferry_cold_load c;
         CHECK_EQ_INT(ferry_get_cold_load(f, &c), 0);
         CHECK_EQ_INT(c.decided, 1);
-        CHECK_EQ_INT(c.map, c.map_gbps >= 0.8 * c.private_gbps || ferry__host_huge_pages_dear());
+        CHECK_EQ_INT(c.map, cold_rule(&c));
         CHECK_EQ_INT(in_file_map(ts[0], ferry_tensor_data(ts[0])), c.map);
         CHECK_EQ_INT(ferry_prepare(f, ts + 1, n - 1), 0);
         CHECK_EQ_INT(count_same(f, ts, n), n);
@@ -1935,7 +1983,8 @@ int main(int argc, char **argv)
                  {"adapter_during_arena_read", test_adapter_during_arena_read},
                  {"huge_pages_dear", test_huge_pages_dear},
                  {"cold_choice", test_cold_choice},
-                 {"cold_fault_rate", test_cold_fault_rate}};
+                 {"cold_fault_rate", test_cold_fault_rate},
+                 {"cold_slow_rate", test_cold_slow_rate}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]))
             tests[i].fn();

@@ -9,7 +9,7 @@
  * measures both on the file it loads, and keeps the faster:
  *   map:     up to 64 MiB of uncached bytes brought into the page cache and mapped as a loader
  *            does it (ferry__populate_range), in as many shares at once as there are loaders (up
- *            to 4), as they populate tensors side by side;
+ *            to 4), as they populate tensors side by side, then a byte of each page read;
  *   private: up to 32 MiB of fresh memory faulted in (MADV_POPULATE_WRITE, huge pages advised, as
  *            the arena does where it is probed) in 2 MiB steps, each timed, and as many other
  *            uncached bytes read into it with O_DIRECT through the I/O pool; the arena overlaps the
@@ -20,8 +20,9 @@
  *            meets mostly the latter, so the slowest step rates it (ferry__cold_fault_rate).
  * The mapped bytes stay cached and serve the load either way (mapped, or copied from the cache);
  * the private ones cost their time and are read again by the load when private copies win.
- * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the mapping without
- * the private probe (see probe).
+ * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the private probe
+ * faults up to 128 MiB in small pages, as the arena lays copies there, and the rule changes, since
+ * the mapping's first touch costs a whole load more than its probe shows (see probe).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -38,8 +39,10 @@
 #endif
 
 #define PROBE_MAP_MAX (UINT64_C(64) << 20)     /* bytes populated (used by the load either way) */
-#define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes faulted in and read (lost if the map wins) */
-#define PROBE_STEPS_MAX 16 /* 2 MiB steps of PROBE_PRIVATE_MAX */
+#define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes read into private memory (lost if the map wins) */
+#define PROBE_FAULT_SMALL (UINT64_C(128) << 20) /* bytes faulted in small pages */
+#define PROBE_STEPS_MAX FERRY__COLD_STEPS_MAX /* 2 MiB steps of PROBE_FAULT_SMALL */
+#define PROBE_SLOW_STOP FERRY__COLD_SLOW_STEPS /* steps slow enough for the mapping to win */
 #define PROBE_PARTS 4
 #define PROBE_MIN (UINT64_C(1) << 20)
 #define PROBE_PAGE UINT64_C(4096)
@@ -70,34 +73,57 @@ double ferry__cold_fault_rate(const double *secs, size_t n, uint64_t step)
     return (double)step * (double)n / sum;
 }
 
-/* Faults in LEN fresh bytes (2 MiB steps, each timed: ferry__cold_fault_rate) and reads [OFF,
- * OFF+LEN) of FILE into them with O_DIRECT: the rate of the slower of the two, GB/s; 0 when it
- * could not run. */
-static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len)
+double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
 {
-    size_t maplen = (size_t)(len + FERRY__HUGE_PAGE);
+    double sorted[FERRY__COLD_STEPS_MAX];
+    if (!n || n > FERRY__COLD_STEPS_MAX || !step)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(secs[i] > 0))
+            return 0;
+    memcpy(sorted, secs, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_double);
+    return (double)step / sorted[n > FERRY__COLD_SLOW_STEPS ? n - FERRY__COLD_SLOW_STEPS : n - 1];
+}
+
+/* Faults in FAULT fresh bytes in 2 MiB steps, each timed, and reads [OFF, OFF+LEN) of FILE into
+ * the first of them with O_DIRECT. HUGE: in 2 MiB pages, the fault rate ferry__cold_fault_rate's;
+ * else in small pages, the rate ferry__cold_slow_rate's, the faults ending early once PROBE_SLOW_STOP
+ * steps ran below BELOW GB/s (0: never). The fault rate goes to *FAULT_GBPS; returns the slower
+ * of it and the read's, GB/s, or 0 when it could not run. */
+static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len,
+                            uint64_t fault, int huge, double below, double *fault_gbps)
+{
+    *fault_gbps = 0;
+    fault = fault < len ? len : fault;
+    size_t maplen = (size_t)(fault + FERRY__HUGE_PAGE);
     void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return 0;
     unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
                                            ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
+    if (!huge)
+        ferry__host_small_pages(buf, fault);
 #ifdef MADV_HUGEPAGE
-    (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
+    else
+        (void)madvise(buf, (size_t)fault, MADV_HUGEPAGE);
 #endif
     double steps[PROBE_STEPS_MAX];
-    size_t n = 0;
-    for (uint64_t at = 0; at < len && n < PROBE_STEPS_MAX; at += FERRY__HUGE_PAGE, n++) {
-        size_t part = (size_t)(len - at < FERRY__HUGE_PAGE ? len - at : FERRY__HUGE_PAGE);
+    size_t n = 0, slow = 0;
+    for (uint64_t at = 0; at < fault && n < PROBE_STEPS_MAX && slow < PROBE_SLOW_STOP;
+         at += FERRY__HUGE_PAGE, n++) {
+        size_t part = (size_t)(fault - at < FERRY__HUGE_PAGE ? fault - at : FERRY__HUGE_PAGE);
         double s0 = ferry__now();
         if (madvise(buf + at, part, MADV_POPULATE_WRITE) != 0)
             memset(buf + at, 0, part);
         steps[n] = ferry__now() - s0;
+        slow += below > 0 && steps[n] * below * 1e9 > (double)part;
     }
     /* the last step may be short: rated by the whole steps only, where there are any */
-    size_t whole = len % FERRY__HUGE_PAGE && n > 1 ? n - 1 : n;
-    double fault = ferry__cold_fault_rate(steps, whole, whole < n || len >= FERRY__HUGE_PAGE
-                                                            ? FERRY__HUGE_PAGE
-                                                            : len);
+    size_t whole = fault % FERRY__HUGE_PAGE && n > 1 && n * FERRY__HUGE_PAGE > fault ? n - 1 : n;
+    uint64_t step = whole < n || fault >= FERRY__HUGE_PAGE ? FERRY__HUGE_PAGE : fault;
+    double rate = huge ? ferry__cold_fault_rate(steps, whole, step)
+                       : ferry__cold_slow_rate(steps, whole, step);
     double t1 = ferry__now();
     ferry__err e[1];
     ferry__err_clear(e);
@@ -105,48 +131,72 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     double t2 = ferry__now();
     munmap(m, maplen);
     double read = t2 > t1 ? (double)len / (t2 - t1) : 0;
-    double slow = fault < read ? fault : read;
-    return rc || slow <= 0 ? 0 : slow / 1e9;
+    double slower = rate < read ? rate : read;
+    if (rc || slower <= 0)
+        return 0;
+    *fault_gbps = rate / 1e9;
+    return slower / 1e9;
 }
 
 typedef struct map_part {
     pthread_t th;
     const ferry__iofile *file;
     uint64_t off, len;
-    int started, failed;
+    int started, failed, touch;
 } map_part;
 
-static void *populate_part(void *arg)
+static void *map_part_run(void *arg)
 {
     map_part *m = arg;
-    m->failed = ferry__populate_range(m->file, m->off, m->len) != 0;
+    if (!m->touch) {
+        m->failed = ferry__populate_range(m->file, m->off, m->len) != 0;
+        return NULL;
+    }
+    const volatile unsigned char *p = m->file->map + m->off;
+    unsigned char acc = 0;
+    for (uint64_t at = 0; at < m->len; at += PROBE_PAGE)
+        acc ^= p[at]; /* volatile: each page's first touch happens */
+    (void)acc;
     return NULL;
 }
 
-/* [OFF, OFF+LEN) of FILE brought into the page cache and mapped as a loader populates a tensor,
- * in PARTS page-aligned shares at once, as that many loaders populate tensors side by side: GB/s,
- * 0 when it could not run. */
-static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, unsigned parts)
+/* Runs PARTS page-aligned shares of [OFF, OFF+LEN) of FILE at once (populating them, or with
+ * TOUCH reading a byte of each page): seconds, or -1 when a share failed. */
+static double map_parts(const ferry__iofile *file, uint64_t off, uint64_t len, unsigned parts,
+                        int touch)
 {
     map_part m[PROBE_PARTS];
-    parts = parts < 1 ? 1 : parts > PROBE_PARTS ? PROBE_PARTS : parts;
     uint64_t share = len / parts & ~(PROBE_PAGE - 1);
     double t0 = ferry__now();
     for (unsigned i = 0; i < parts; i++) {
         uint64_t o = off + share * i, n = i + 1 < parts ? share : len - share * i;
-        m[i] = (map_part){.file = file, .off = o, .len = n};
-        m[i].started = i > 0 && pthread_create(&m[i].th, NULL, populate_part, &m[i]) == 0;
+        m[i] = (map_part){.file = file, .off = o, .len = n, .touch = touch};
+        m[i].started = i > 0 && pthread_create(&m[i].th, NULL, map_part_run, &m[i]) == 0;
     }
     int failed = 0;
     for (unsigned i = 0; i < parts; i++) {
         if (m[i].started)
             pthread_join(m[i].th, NULL);
         else
-            populate_part(&m[i]); /* the first share here, and any a thread was refused for */
+            map_part_run(&m[i]); /* the first share here, and any a thread was refused for */
         failed |= m[i].failed;
     }
-    double t = ferry__now() - t0;
-    return !failed && t > 0 ? (double)len / t / 1e9 : 0;
+    return failed ? -1 : ferry__now() - t0;
+}
+
+/* [OFF, OFF+LEN) of FILE brought into the page cache and mapped as a loader populates a tensor,
+ * in PARTS shares at once, as that many loaders populate tensors side by side, and then read a
+ * byte a page as an engine's first pass does, in as many shares: GB/s for the two, 0 when it could
+ * not run. The first read of a page is not free where the host backs the page the disk's data
+ * went to only when the guest first touches it (a VM: 0.6-1.5 s for 2 GiB here, while the
+ * populate took 1.2 s). */
+static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, unsigned parts)
+{
+    parts = parts < 1 ? 1 : parts > PROBE_PARTS ? PROBE_PARTS : parts;
+    double fill = map_parts(file, off, len, parts, 0);
+    double touch = fill < 0 ? -1 : map_parts(file, off, len, parts, 1);
+    double t = fill + touch;
+    return fill >= 0 && touch >= 0 && t > 0 ? (double)len / t / 1e9 : 0;
 }
 
 /* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE;
@@ -168,21 +218,40 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
         ferry__iofile_cached(file, b, lp) > PROBE_COLD)
         return 0;
     unsigned parts = f->jobs.n_loaders < PROBE_PARTS ? f->jobs.n_loaders : PROBE_PARTS;
-    /* Where the host takes free 2 MiB blocks back (free page reporting), the mapping, and no
-     * private probe: its few MiB come from pages freed a moment ago, not yet handed back, while a
-     * whole model's private copies meet memory the host backs again on first touch (a 2 GiB load
-     * at 0.54-0.60 GB/s after a probe that read 3.9-6.1, where the mapping filled at 1.3-1.6);
-     * the page cache neither zeroes its pages nor needs whole 2 MiB blocks (bench/README.md). */
+    /* Where the host takes free 2 MiB blocks back (free page reporting), private copies live in
+     * small pages (the arena's rule), and two things a short probe cannot see decide the race:
+     * - the first 32 MiB a probe faults come from pages freed a moment ago, not yet handed back,
+     *   while a whole model's copies meet memory the host backs again on first touch (a 2 GiB
+     *   load at 0.54-0.60 GB/s after a probe that read 3.9-6.1, where the mapping filled at
+     *   1.3-1.6). So the private probe faults 128 MiB there, rated by its slow steps, and ends
+     *   once they show the mapping will win.
+     * - the page cache's pages beyond those freed a moment ago are backed by the host as the disk's
+     *   data lands in them, and mapped into the guest only at the engine's first touch: a whole
+     *   2 GiB load's pages took 0.4-1.9 s to touch after a 1.2 s populate, its probe's 64 MiB
+     *   2 ms. So the mapping's probe rates its fill, and private copies win where fresh memory
+     *   faults in at least FERRY__COLD_FAULT_OVER_FILL times as fast as the mapping fills: the
+     *   faults then overlap the reads (bench/README.md).
+     * The mapping runs first, so that the page cache takes any pages freed a moment ago ahead of
+     * the private probe. */
     int dear = ferry__host_huge_pages_dear();
-    double pm = probe_map(file, a, lm, parts), pp = dear ? 0 : probe_private(f, file, b, lp);
-    if (pm <= 0 || (pp <= 0 && !dear))
+    double pm = probe_map(file, a, lm, parts), fault = 0;
+    double pp = pm > 0 ? probe_private(f, file, b, lp, dear ? PROBE_FAULT_SMALL : lp, !dear,
+                                       dear ? FERRY__COLD_FAULT_OVER_FILL * pm : 0, &fault)
+                       : 0;
+    if (pm <= 0 || pp <= 0)
         return 0;
     f->cold.map_gbps = pm;
     f->cold.private_gbps = pp;
+    f->cold.fault_gbps = fault;
+    f->cold.dear = dear;
     /* Near a tie the mapping: its probe's bytes are cached and serve the load, it keeps no
      * private memory, and its probe is the one a moment's stall of the host misleads (after the
-     * page cache was dropped, populate once ran at 0.73 GB/s against 1.7 in the load itself). */
-    f->cold.map = dear || pm >= FERRY__COLD_MAP_TIE * pp;
+     * page cache was dropped, populate once ran at 0.73 GB/s against 1.7 in the load itself).
+     * Where its first touch is left out of its rate (dear), private copies near a tie. */
+    if (dear)
+        f->cold.map = fault < FERRY__COLD_FAULT_OVER_FILL * pm || pp < FERRY__COLD_MAP_TIE * pm;
+    else
+        f->cold.map = pm >= FERRY__COLD_MAP_TIE * pp;
     return 1;
 }
 

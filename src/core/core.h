@@ -399,8 +399,8 @@ struct ferry {
         void *ud;
     } progress;
     struct {                  /* coldload.c's: how load AUTO reads what the page cache lacks */
-        int decided, map, forced;
-        double map_gbps, private_gbps;
+        int decided, map, forced, dear;
+        double map_gbps, private_gbps, fault_gbps;
     } cold;
     ferry_stats stats;        /* counters (prepare.c, memory.c); resident/peak filled from devs
                                  on read */
@@ -442,10 +442,21 @@ void ferry__cold_decide(ferry *f, ferry_tensor *const *set, size_t n);
  * FERRY__COLD_STEP_SPREAD times the median one, some steps were served by pages freed a moment
  * ago and the others by memory the host backs again on first touch (a VM that reports free pages
  * to its host): a load far larger than the probe meets mostly the latter, and the rate is the
- * slowest step's; else the steps' own rate (their bytes over their sum). 0 when N is 0 or a time
- * is not positive. */
+ * slowest step's; else the steps' own rate (their bytes over their sum). 0 when N is 0 or above
+ * FERRY__COLD_STEPS_MAX, or a time is not positive. */
 #define FERRY__COLD_STEP_SPREAD 4.0
+/* Where fresh huge pages are dear, private copies win when fresh memory faults in at least this
+ * many times as fast as the mapping fills (coldload.c, probe). */
+#define FERRY__COLD_FAULT_OVER_FILL 1.5
+#define FERRY__COLD_STEPS_MAX 64
 double ferry__cold_fault_rate(const double *secs, size_t n, uint64_t step);
+/* The rate, bytes per second, that the FERRY__COLD_SLOW_STEPS slowest of the N steps of STEP bytes
+ * that took SECS[0..N) did not reach: 16 MiB of a long probe's memory came in at it or slower,
+ * which is what a whole model's load meets beyond the pages freed a moment ago; the slowest
+ * step's where there are no more steps than that. 0 when N is 0 or above FERRY__COLD_STEPS_MAX,
+ * or a time is not positive. */
+#define FERRY__COLD_SLOW_STEPS 8
+double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step);
 
 /* 1 when T's staged bytes differ from the file's (converted or merged). */
 static inline int ferry__transformed(const ferry_tensor *t)

@@ -159,7 +159,8 @@ int ferry_get_cold_load(ferry *f, ferry_cold_load *out)
     pthread_mutex_lock(&f->lock);
     *out = (ferry_cold_load){.decided = f->cold.decided, .map = f->cold.decided && f->cold.map,
                              .forced = f->cold.forced, .map_gbps = f->cold.map_gbps,
-                             .private_gbps = f->cold.private_gbps};
+                             .private_gbps = f->cold.private_gbps,
+                             .fault_gbps = f->cold.fault_gbps, .dear = f->cold.dear};
     pthread_mutex_unlock(&f->lock);
     return 0;
 }

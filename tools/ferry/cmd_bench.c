@@ -336,10 +336,11 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
                            "min(O_DIRECT, fresh memory)", cold_lim);
         if (b->cold.decided)
             printf("    auto read uncached bytes %s (%s: populating the mapping %.2f GB/s, "
-                   "private copies %.2f); %.2f of mmap + populate\n",
+                   "private copies %.2f, fresh memory %.2f%s); %.2f of mmap + populate\n",
                    b->cold.map ? "through the mapping" : "into private copies",
                    b->cold.forced ? "FERRY_AUTO_COLD" : "measured", b->cold.map_gbps,
-                   b->cold.private_gbps,
+                   b->cold.private_gbps, b->cold.fault_gbps,
+                   b->cold.dear ? " in small pages, free 2 MiB blocks handed back" : "",
                    ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_MMAP_POPULATE]));
         if (v[BENCHLAB_COLD_LIMIT] > 0)
             printf("    %.2f of a plain program's O_DIRECT read into fresh memory\n",
@@ -631,6 +632,7 @@ static void report_json(benchlab *b)
     cli_json_string(&j, !b->cold.decided ? "undecided" : b->cold.map ? "map" : "private");
     NUM("cold_probe_map_gbps", b->cold.map_gbps);
     NUM("cold_probe_private_gbps", b->cold.private_gbps);
+    NUM("cold_probe_fault_gbps", b->cold.fault_gbps);
     NUM("warm_load_gbps", v[BENCHLAB_WARM_READ]);
     NUM("warm_auto_seconds", v[BENCHLAB_WARM_AUTO]);
     cli_json_key(&j, "warm_auto_zero_copy");
