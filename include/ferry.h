@@ -601,10 +601,13 @@ FERRY_API int ferry_get_device_info(const ferry *f, int id, ferry_device_info *o
  * (ferry_group_add; ferry_ignore and ferry_optional look again) and before anything is held on
  * the host, starts a thread of the manager's that faults in, within the budget, the buffers the
  * first pass will stream through (those of the first copies it will stream, each of its copy's
- * size, up to twice the file's largest layer and a sixteenth of the budget), while the engine
- * sets itself up. The first reservation on the host (a prepare, a prefetch, ferry_reserve), a
- * new budget and ferry_destroy stop it within a huge page and pool what it made;
- * ferry_stats.faulted_ahead_bytes says how much. Once per manager. */
+ * size, up to twice the file's largest layer and a sixteenth of the budget), and then, in small
+ * pages, one reserve for the copies the budget will keep, while the engine sets itself up. The
+ * first reservation on the host (a prepare, a prefetch, ferry_reserve), a new budget and
+ * ferry_destroy stop it within a huge page: the buffers it made are pooled for the streamed
+ * copies, and the copies predicted kept are cut from the front of the reserve, whose rest is
+ * given back when the budget needs room for anything else (and by a new budget);
+ * ferry_stats.faulted_ahead_bytes says how much was made ready. Once per manager. */
 FERRY_API int ferry_set_budget(ferry *f, int device, uint64_t bytes);
 /* Reserves BYTES of DEVICE's budget for the engine's own memory (KV cache, activations, compute
  * buffers), replacing the manager's previous reservation on that device (0 gives it back).
@@ -1079,10 +1082,11 @@ typedef struct ferry_stats {
     double wait_seconds;          /* time prepare spent waiting */
     uint64_t guess_bytes;         /* loaded by ferry_prefetch_guess */
     uint64_t guess_unused_bytes;  /* of them, dropped before any prepare used them */
-    uint64_t faulted_ahead_bytes; /* host memory for the first pass's streamed copies faulted in
-                                     by a thread of ferry's while the engine set itself up
-                                     (ferry_group_add, ferry_set_budget), before the first
-                                     reservation on the host */
+    uint64_t faulted_ahead_bytes; /* host memory for the first pass's copies (streamed, and the
+                                     kept copies' reserve) faulted in by a thread of ferry's
+                                     while the engine set itself up (ferry_group_add,
+                                     ferry_set_budget), before the first reservation on the
+                                     host */
 } ferry_stats;
 
 /* A snapshot of the counters. */

@@ -726,10 +726,11 @@ static void test_first_pass_kept_small(void)
     CHECK(read_small <= read_huge + read_huge / 10 && read_huge <= read_small + read_small / 10);
 }
 
-/* The streamed copies' first blocks, faulted in ahead: a manager that waits after its budget is
- * given, as an engine sets itself up, finds them pooled at its first prepare. Its first pass
- * serves streamed copies from them and kept copies from fresh blocks (never from them), within
- * the budget, every copy equal to the file. */
+/* The streamed copies' first blocks and the kept copies' reserve, faulted in ahead: a manager
+ * that waits after its budget is given, as an engine sets itself up, finds them ready at its first
+ * prepare. Its first pass serves streamed copies from those blocks and the copies predicted kept
+ * from the reserve (never a kept copy from those blocks), within the budget, every copy equal to
+ * the file. */
 static void test_first_pass_faulted_ahead(void)
 {
     ferry *f = create_kept("small");
@@ -751,13 +752,16 @@ static void test_first_pass_faulted_ahead(void)
         lo[i] = (uint64_t)(uintptr_t)f->first.warm_base[i];
         hi[i] = lo[i] + f->first.warm_size[i];
     }
+    uint64_t klo = (uint64_t)(uintptr_t)f->first.kept_made, khi = klo + f->first.kept_faulted;
     CHECK(nb == f->first.warm_n && nb > 0);
-    CHECK(f->first.warm_faulted == total && total > 0 && total < budget);
+    CHECK(f->first.kept_made != NULL && f->first.kept_faulted == f->first.kept_plan);
+    CHECK(f->first.warm_faulted + f->first.kept_faulted == total && total > 0 && total <= budget);
     /* per copy in the first pass: a mapped block, one of those blocks (served from the pool, not
      * a fresh block that a freed one's addresses were given to), its load count */
     int *mapped = calloc(n, sizeof *mapped), *in_ahead = calloc(n, sizeof *in_ahead);
+    int *in_reserve = calloc(n, sizeof *in_reserve);
     uint64_t *gen1 = calloc(n, sizeof *gen1);
-    int ok = mapped && in_ahead && gen1;
+    int ok = mapped && in_ahead && in_reserve && gen1;
     CHECK(ok);
     for (int pass = 0; pass < 3 && ok; pass++) {
         /* a layer's tensors at once, as an engine prepares them */
@@ -775,6 +779,7 @@ static void test_first_pass_faulted_ahead(void)
                 mapped[k] = m->size >= FERRY__CPU_MAP_MIN;
                 for (size_t w = 0; w < nb; w++)
                     in_ahead[k] |= !m->small_pages && b >= lo[w] && b < hi[w];
+                in_reserve[k] = m->small_pages && b >= klo && b < khi;
                 pthread_mutex_lock(&f->lock);
                 gen1[k] = ts[k]->load_gen;
                 pthread_mutex_unlock(&f->lock);
@@ -787,7 +792,8 @@ static void test_first_pass_faulted_ahead(void)
     CHECK_EQ_INT(ferry_get_stats(f, &st), 0);
     CHECK_EQ_INT(st.faulted_ahead_bytes, total);
     CHECK(st.peak_bytes[0] <= budget);
-    size_t kept = 0, kept_ahead = 0, streamed = 0, streamed_ahead = 0;
+    size_t kept = 0, kept_ahead = 0, kept_reserve = 0, streamed = 0, streamed_ahead = 0;
+    size_t streamed_reserve = 0;
     pthread_mutex_lock(&f->lock);
     for (size_t i = 0; i < n && ok; i++) {
         if (!mapped[i])
@@ -795,21 +801,29 @@ static void test_first_pass_faulted_ahead(void)
         if (ts[i]->load_gen == gen1[i]) {
             kept++;
             kept_ahead += (size_t)in_ahead[i];
+            kept_reserve += (size_t)in_reserve[i];
         } else {
             streamed++;
             streamed_ahead += (size_t)in_ahead[i];
+            streamed_reserve += (size_t)in_reserve[i];
         }
     }
     pthread_mutex_unlock(&f->lock);
-    fprintf(stderr, "faulted ahead: %zu blocks, %llu bytes of a budget of %llu; in the first pass "
-                    "%zu of %zu streamed copies took them, %zu of %zu kept ones\n",
-            nb, (unsigned long long)total, (unsigned long long)budget, streamed_ahead, streamed,
-            kept_ahead, kept);
+    fprintf(stderr, "faulted ahead: %zu blocks and a reserve of %llu bytes, %llu bytes of a budget "
+                    "of %llu; in the first pass %zu of %zu streamed copies took the blocks, %zu of "
+                    "%zu kept ones the reserve\n",
+            nb, (unsigned long long)(khi - klo), (unsigned long long)total,
+            (unsigned long long)budget, streamed_ahead, streamed, kept_reserve, kept);
     CHECK(kept > 0 && streamed > 0);
     CHECK_EQ_INT(kept_ahead, 0);
     CHECK(streamed_ahead >= 2);
+    /* the reserve serves the copies predicted kept: most kept copies, and the few streamed ones
+     * the prediction took for kept (each of them asked for small pages, as without the reserve) */
+    CHECK(2 * kept_reserve >= kept);
+    CHECK(4 * streamed_reserve <= streamed);
     free(mapped);
     free(in_ahead);
+    free(in_reserve);
     free(gen1);
     free(ts);
     ferry_destroy(f);

@@ -377,6 +377,13 @@ struct ferry {
         uint64_t warm_total;  /* the bytes planned, counted in the host's used from the start */
         uint64_t warm_size[FERRY__WARM_MAX];
         void *warm_base[FERRY__WARM_MAX];
+        /* The kept reserve (memory.c): one block of small pages for the copies predicted kept,
+         * faulted in by the same thread after the streamed blocks, counted in warm_total. */
+        uint64_t kept_plan;   /* its bytes planned */
+        void *kept_made;      /* its block (written by the thread) */
+        uint64_t kept_faulted; /* of its bytes, faulted in (written by the thread) */
+        void *kept_base;      /* once joined: what is left of it, cut from its front */
+        uint64_t kept_size;   /* and its bytes, counted in the host's used */
     } first;
     struct {                  /* jobs.c's; prepare.c sets last_set_bytes and resets follow */
         unsigned inflight_prefetch;
@@ -423,6 +430,9 @@ void ferry__first_warm(ferry *f);
  * the rest of its bytes leave the budget. No-op when none runs. Lock held (the thread never
  * takes it). */
 void ferry__first_warm_join(ferry *f);
+/* Gives back what is left of the kept reserve (memory.c), as a new budget or the manager's end
+ * does. Lock held. */
+void ferry__first_kept_drop(ferry *f);
 /* N of "blk.N." in NAME, or -1 when it has none (slice.c). */
 int64_t ferry__layer_of(const char *name);
 

@@ -174,6 +174,7 @@ void ferry_destroy(ferry *f)
      * only then is memory freed. */
     pthread_mutex_lock(&f->lock);
     ferry__first_warm_join(f);
+    ferry__first_kept_drop(f);
     if (f->jobs.loaders)
         ferry__fences_wait_all(f);
     pthread_mutex_unlock(&f->lock);
@@ -408,8 +409,10 @@ int ferry_set_budget(ferry *f, int device, uint64_t bytes)
         }
     }
     if (!rc) {
-        if (device == FERRY__HOST)
+        if (device == FERRY__HOST) {
             ferry__first_warm_join(f); /* its blocks were counted against the budget before */
+            ferry__first_kept_drop(f);
+        }
         f->devs[device].budget = bytes;
         /* pool and huge pages only under a host budget given (a no-op where
          * the device has no set_reuse); a pool left from before is trimmed by the shrink below */
