@@ -795,6 +795,8 @@ static void test_first_pass_faulted_ahead(void)
     size_t kept = 0, kept_ahead = 0, kept_reserve = 0, streamed = 0, streamed_ahead = 0;
     size_t streamed_reserve = 0;
     pthread_mutex_lock(&f->lock);
+    /* what the kept copies did not take went back once the stream needed room */
+    CHECK(f->first.kept_size == 0 && f->first.kept_base == NULL);
     for (size_t i = 0; i < n && ok; i++) {
         if (!mapped[i])
             continue;
@@ -860,6 +862,33 @@ static void test_first_pass_faulted_ahead(void)
         free(ts);
         ferry_destroy(f);
     }
+
+    /* the reserve made and nothing cut from it: the engine's own reservation, short of room,
+     * takes it back before anything else, and gets the room */
+    f = create_kept("small");
+    ts = open_streamed(f, g_deep, &n, &model);
+    if (ts) {
+        for (int i = 0; i < 30000 && !atomic_load(&f->first.warm_exited); i++)
+            usleep(1000);
+        CHECK(atomic_load(&f->first.warm_exited) && f->first.kept_made != NULL);
+        uint64_t ahead = f->first.warm_total, plan = f->first.kept_plan;
+        const uint64_t budget2 = model * 2 / 5, want = budget2 - ahead + (UINT64_C(1) << 20);
+        CHECK(plan > (UINT64_C(1) << 20) && ahead <= budget2);
+        CHECK_EQ_INT(ferry_reserve(f, 0, want), 0);
+        CHECK_EQ_INT(f->first.kept_size, 0);
+        CHECK_EQ_INT(ferry_get_stats(f, &st), 0);
+        CHECK(st.peak_bytes[0] <= budget2);
+        CHECK_EQ_INT(st.faulted_ahead_bytes, ahead); /* made ready, then given back */
+        CHECK_EQ_INT(ferry_reserve(f, 0, 0), 0);
+        for (int k = 0; k < 2; k++) { /* the first tensor and the last */
+            size_t i = k ? n - 1 : 0;
+            CHECK_EQ_INT(ferry_prepare(f, &ts[i], 1), 0);
+            CHECK(fixture_same_as_file(f, ts[i]));
+            ferry_release(f, &ts[i], 1);
+        }
+    }
+    free(ts);
+    ferry_destroy(f);
 }
 
 /* The tail rule, from its definition: the tail's pages moved cost at most 0.25 ms, in 16 KiB
