@@ -39,7 +39,8 @@
 #endif
 
 #define PROBE_MAP_MAX (UINT64_C(64) << 20)     /* bytes populated (used by the load either way) */
-#define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes read into private memory (lost if the map wins) */
+#define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes read into private memory (lost if the
+                                                  map wins) */
 #define PROBE_FAULT_SMALL (UINT64_C(128) << 20) /* bytes faulted in small pages */
 #define PROBE_STEPS_MAX FERRY__COLD_STEPS_MAX /* 2 MiB steps of PROBE_FAULT_SMALL */
 #define PROBE_SLOW_STOP FERRY__COLD_SLOW_STEPS /* steps slow enough for the mapping to win */
@@ -87,10 +88,10 @@ double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
 }
 
 /* Faults in FAULT fresh bytes in 2 MiB steps, each timed, and reads [OFF, OFF+LEN) of FILE into
- * the first of them with O_DIRECT. HUGE: in 2 MiB pages, the fault rate ferry__cold_fault_rate's;
- * else in small pages, the rate ferry__cold_slow_rate's, the faults ending early once PROBE_SLOW_STOP
- * steps ran below BELOW GB/s (0: never). The fault rate goes to *FAULT_GBPS; returns the slower
- * of it and the read's, GB/s, or 0 when it could not run. */
+ * the first of them with O_DIRECT. HUGE: in 2 MiB pages, the fault rate
+ * ferry__cold_fault_rate's; else in small pages, the rate ferry__cold_slow_rate's, the faults
+ * ending early once PROBE_SLOW_STOP steps ran below BELOW GB/s (0: never). The fault rate goes to
+ * *FAULT_GBPS; returns the slower of it and the read's, GB/s, or 0 when it could not run. */
 static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len,
                             uint64_t fault, int huge, double below, double *fault_gbps)
 {
@@ -228,9 +229,9 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
      * - the page cache's pages beyond those freed a moment ago are backed by the host as the disk's
      *   data lands in them, and mapped into the guest only at the engine's first touch: a whole
      *   2 GiB load's pages took 0.4-1.9 s to touch after a 1.2 s populate, its probe's 64 MiB
-     *   2 ms. So the mapping's probe rates its fill, and private copies win where fresh memory
-     *   faults in at least FERRY__COLD_FAULT_OVER_FILL times as fast as the mapping fills: the
-     *   faults then overlap the reads (bench/README.md).
+     *   2 ms. So the mapping's probe, its touch included, rates little more than its fill, and
+     *   private copies win where fresh memory faults in at least FERRY__COLD_FAULT_OVER_FILL
+     *   times as fast as the mapping fills: the faults then overlap the reads (bench/README.md).
      * The mapping runs first, so that the page cache takes any pages freed a moment ago ahead of
      * the private probe. */
     int dear = ferry__host_huge_pages_dear();
