@@ -42,8 +42,6 @@
 #define PROBE_PRIVATE_MAX (UINT64_C(32) << 20) /* bytes read into private memory (lost if the
                                                   map wins) */
 #define PROBE_FAULT_SMALL (UINT64_C(128) << 20) /* bytes faulted in small pages */
-#define PROBE_STEPS_MAX FERRY__COLD_STEPS_MAX /* 2 MiB steps of PROBE_FAULT_SMALL */
-#define PROBE_SLOW_STOP FERRY__COLD_SLOW_STEPS /* steps slow enough for the mapping to win */
 #define PROBE_PARTS 4
 #define PROBE_MIN (UINT64_C(1) << 20)
 #define PROBE_PAGE UINT64_C(4096)
@@ -58,8 +56,8 @@ static int cmp_double(const void *a, const void *b)
 
 double ferry__cold_fault_rate(const double *secs, size_t n, uint64_t step)
 {
-    double sorted[PROBE_STEPS_MAX], sum = 0;
-    if (!n || n > PROBE_STEPS_MAX || !step)
+    double sorted[FERRY__COLD_STEPS_MAX], sum = 0;
+    if (!n || n > FERRY__COLD_STEPS_MAX || !step)
         return 0;
     for (size_t i = 0; i < n; i++) {
         if (!(secs[i] > 0))
@@ -90,8 +88,9 @@ double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
 /* Faults in FAULT fresh bytes in 2 MiB steps, each timed, and reads [OFF, OFF+LEN) of FILE into
  * the first of them with O_DIRECT. HUGE: in 2 MiB pages, the fault rate
  * ferry__cold_fault_rate's; else in small pages, the rate ferry__cold_slow_rate's, the faults
- * ending early once PROBE_SLOW_STOP steps ran below BELOW GB/s (0: never). The fault rate goes to
- * *FAULT_GBPS; returns the slower of it and the read's, GB/s, or 0 when it could not run. */
+ * ending early once FERRY__COLD_SLOW_STEPS steps ran below BELOW GB/s (0: never). The fault rate
+ * goes to *FAULT_GBPS; returns the slower of it and the read's, GB/s, or 0 when it could not
+ * run. */
 static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len,
                             uint64_t fault, int huge, double below, double *fault_gbps)
 {
@@ -109,9 +108,10 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     else
         (void)madvise(buf, (size_t)fault, MADV_HUGEPAGE);
 #endif
-    double steps[PROBE_STEPS_MAX];
+    double steps[FERRY__COLD_STEPS_MAX];
     size_t n = 0, slow = 0;
-    for (uint64_t at = 0; at < fault && n < PROBE_STEPS_MAX && slow < PROBE_SLOW_STOP;
+    for (uint64_t at = 0;
+         at < fault && n < FERRY__COLD_STEPS_MAX && slow < FERRY__COLD_SLOW_STEPS;
          at += FERRY__HUGE_PAGE, n++) {
         size_t part = (size_t)(fault - at < FERRY__HUGE_PAGE ? fault - at : FERRY__HUGE_PAGE);
         double s0 = ferry__now();

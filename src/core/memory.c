@@ -856,10 +856,23 @@ static int warm_plan(ferry *f, uint64_t r)
     return f->first.warm_n > 0;
 }
 
+/* Writes a byte to each page of the SIZE bytes at P, a huge page at a time, until the thread is
+ * told to stop: the bytes faulted in. */
+static uint64_t warm_fault(ferry *f, void *p, uint64_t size)
+{
+    volatile unsigned char *q = p;
+    uint64_t off = 0;
+    for (; off < size && !atomic_load(&f->first.warm_stop); off += FERRY__HUGE_PAGE)
+        for (uint64_t o = off; o < off + FERRY__HUGE_PAGE && o < size; o += 4096)
+            q[o] = 0;
+    return off < size ? off : size;
+}
+
 static void *warm_main(void *arg)
 {
     ferry *f = arg;
     ferry_device *d = f->devs[FERRY__HOST].d; /* the host's device is never replaced */
+    char b[32];
     for (size_t i = 0; i < f->first.warm_n && !atomic_load(&f->first.warm_stop); i++) {
         uint64_t size = f->first.warm_size[i];
         double t0 = ferry__now();
@@ -868,13 +881,7 @@ static void *warm_main(void *arg)
             break; /* short of memory: the streamed copies fault their own blocks in */
         f->first.warm_base[i] = p;
         f->first.warm_done = i + 1;
-        volatile unsigned char *q = p;
-        uint64_t off = 0;
-        for (; off < size && !atomic_load(&f->first.warm_stop); off += FERRY__HUGE_PAGE)
-            for (uint64_t o = off; o < off + FERRY__HUGE_PAGE && o < size; o += 4096)
-                q[o] = 0;
-        f->first.warm_faulted += off < size ? off : size;
-        char b[32];
+        f->first.warm_faulted += warm_fault(f, p, size);
         ferry__trace_addf(f, "memory", t0, ferry__now(), "fault in ahead %s",
                           ferry__fmt_size(size, b));
     }
@@ -885,13 +892,7 @@ static void *warm_main(void *arg)
         double t0 = ferry__now();
         ferry__host_small_pages(p, size);
         f->first.kept_made = p;
-        volatile unsigned char *q = p;
-        uint64_t off = 0;
-        for (; off < size && !atomic_load(&f->first.warm_stop); off += FERRY__HUGE_PAGE)
-            for (uint64_t o = off; o < off + FERRY__HUGE_PAGE && o < size; o += 4096)
-                q[o] = 0;
-        f->first.kept_faulted = off < size ? off : size;
-        char b[32];
+        f->first.kept_faulted = warm_fault(f, p, size);
         ferry__trace_addf(f, "memory", t0, ferry__now(), "fault in ahead %s for the kept copies",
                           ferry__fmt_size(f->first.kept_faulted, b));
     }
