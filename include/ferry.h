@@ -496,6 +496,10 @@ typedef struct ferry_io_settings {
     uint32_t io_threads;       /* I/O workers: reads in flight at once (io_uring: each up to 8) */
     uint64_t request_bytes;    /* bytes of one read */
     const char *backend;       /* "threads" or "uring" (a static string) */
+    uint64_t relay_bytes;      /* memory the I/O workers hold now for relayed reads: 0 until a
+                                  group load read private copies in 4 KiB pages, then 512 KiB per
+                                  read a worker keeps in flight (16 MiB for 4 io_uring workers),
+                                  kept until ferry_destroy; not counted against the host budget */
 } ferry_io_settings;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
@@ -525,9 +529,13 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
  * Where the host takes free 2 MiB blocks of the guest back (a VM with free page reporting, as
  * /sys/module/page_reporting says: `dear` below), a probe's few MiB come from pages freed a
  * moment ago, while a whole model meets memory the host backs again, for private copies when they
- * are faulted in and for the mapping's pages at the engine's first touch. There the private probe
- * faults up to 128 MiB in small pages, rated by its slowest 16 MiB, and private copies win when
- * that rate is at least 1.5 times the mapping's and their read at least 0.8 of it.
+ * are faulted in and for the mapping's pages at the engine's first touch. Private copies there lie
+ * in small pages and are read through the I/O workers' relay slots. The private probe comes
+ * first: 32 MiB read that way into fresh small pages, then up to 128 MiB more faulted in, rated
+ * by its slowest 16 MiB. Where that fault rate is at least 1.5 times the read's, private copies
+ * win and the mapping is not probed (map_gbps 0); else it is, and private copies win when the
+ * fault rate is at least 1.5 times the mapping's and the slower of the two rates at least 0.8 of
+ * it.
  * The environment variable FERRY_AUTO_COLD=map or =private decides instead of measuring; =probe
  * measures at any size. */
 typedef struct ferry_cold_load {
@@ -540,6 +548,7 @@ typedef struct ferry_cold_load {
                             with O_DIRECT */
     double fault_gbps;   /* measured: faulting in fresh memory, the private probe's own rate */
     int dear;            /* the host takes free 2 MiB blocks back: the rule above applied */
+    double read_gbps;    /* measured where dear: the private probe's relayed O_DIRECT read */
 } ferry_cold_load;
 
 /* F's decision into *OUT: 0, or FERRY_EINVAL when F or OUT is NULL. */

@@ -6,8 +6,10 @@
  * page-cache effects of each mode are checked again through the worker pool, once per backend
  * (FERRY_IO_BACKEND=threads, then uring where the build and kernel allow it).
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +72,10 @@ static int place(placed *p, uint64_t off, uint64_t len, int congruent)
     return 0;
 }
 
-/* When set, reads go through this pool instead of ferry__io_read. */
+/* When set, reads go through this pool instead of ferry__io_read; with via_relay set too, as
+ * relayed requests (through the workers' relay slots). */
 static ferry__io *via_pool;
+static int via_relay;
 
 typedef struct waiter {
     pthread_mutex_t m;
@@ -97,7 +101,7 @@ static int pool_read(ferry__io *io, const ferry__iofile *f, uint64_t off, uint64
     pthread_mutex_init(&w.m, NULL);
     pthread_cond_init(&w.c, NULL);
     ferry__ioreq req = {.file = f, .offset = off, .len = len, .dst = dst, .mode = mode,
-                        .done = waiter_done, .ud = &w};
+                        .done = waiter_done, .ud = &w, .relay = via_relay};
     int r = ferry__io_submit(io, &req);
     if (r == 0) {
         pthread_mutex_lock(&w.m);
@@ -160,7 +164,7 @@ static void test_modes(const ferry__iofile *f)
             for (int c = 0; c < 2; c++, n++)
                 bad += !read_one(f, big[i][0], big[i][1], (ferry_load)m, c);
         fprintf(stderr, "mode %s%s: %d reads, %d bad\n", mode_name((ferry_load)m),
-                via_pool ? " (pool)" : "", n, bad);
+                via_relay ? " (pool, relayed)" : via_pool ? " (pool)" : "", n, bad);
         CHECK_EQ_INT(bad, 0);
     }
 
@@ -310,6 +314,10 @@ static void test_pool(const ferry__iofile *f, const char *backend, const char *w
     CHECK_EQ_INT(ferry__io_chunk(io), FERRY__IO_CHUNK_MIN);
     test_modes(f);
     ferry__io_set_chunk(io, 0);
+    /* relayed: every request in chunks of FERRY__IO_RELAY_PIECE, whatever the pool's chunk */
+    via_relay = 1;
+    test_modes(f);
+    via_relay = 0;
     via_pool = NULL;
 
     const uint64_t S = FILE_SIZE;
@@ -338,6 +346,85 @@ static void test_pool(const ferry__iofile *f, const char *backend, const char *w
     CHECK(strstr(e.msg, f->path) != NULL);
     free(b);
     ferry__io_destroy(io);
+}
+
+/* Anonymous mappings refused (the relay slots' allocation): relayed reads go straight into
+ * their destination and still bring the file's bytes. */
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+static mmap_fn real_mmap;
+static _Atomic int anon_refused;
+
+static void *no_anon_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    if (flags & MAP_ANONYMOUS) {
+        atomic_fetch_add(&anon_refused, 1);
+        errno = ENOMEM;
+        return MAP_FAILED;
+    }
+    return real_mmap(addr, len, prot, flags, fd, off);
+}
+
+static void test_relay_nomem(const ferry__iofile *f, const char *backend)
+{
+    real_mmap = (mmap_fn)ferry_get_syscall("mmap");
+    CHECK_EQ_INT(ferry_set_syscall("mmap", (ferry_syscall_ptr)no_anon_mmap), 0);
+    atomic_store(&anon_refused, 0);
+    setenv("FERRY_IO_BACKEND", backend, 1);
+    ferry__io *io = ferry__io_create(2);
+    unsetenv("FERRY_IO_BACKEND");
+    unsigned char *b = NULL;
+    CHECK(io && posix_memalign((void **)&b, FERRY__IO_ALIGN, FILE_SIZE) == 0);
+    if (io && b) {
+        ferry__err e = {0};
+        via_relay = 1;
+        memset(b, 0, FILE_SIZE);
+        CHECK_EQ_INT(pool_read(io, f, 0, FILE_SIZE, b, FERRY_LOAD_DIRECT, &e), 0);
+        CHECK(memcmp(b, pattern, FILE_SIZE) == 0);
+        via_relay = 0;
+        /* each worker asked once (where the file allows O_DIRECT), and never again */
+        CHECK(atomic_load(&anon_refused) <= 2);
+        CHECK(f->fd_direct < 0 || atomic_load(&anon_refused) >= 1);
+    }
+    CHECK_EQ_INT(ferry_set_syscall("mmap", NULL), 0);
+    free(b);
+    ferry__io_destroy(io);
+}
+
+/* A relayed read of a file that shrank after open: FERRY_EIO naming the file and the offset
+ * where the bytes ran out, nothing past what the file still holds copied to the destination;
+ * the pool reads what is there afterwards. */
+static void test_relay_shrunk(const char *dir, const char *backend)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shrink_relayed.bin", dir);
+    CHECK(check_write_file(path, pattern, 3 * MIB) == 0);
+    ferry__iofile f;
+    ferry__err e = {0};
+    CHECK_EQ_INT(ferry__iofile_open(path, &f, &e), 0);
+    CHECK(truncate(path, MIB + 100) == 0);
+    setenv("FERRY_IO_BACKEND", backend, 1);
+    ferry__io *io = ferry__io_create(2);
+    unsetenv("FERRY_IO_BACKEND");
+    unsigned char *b = NULL;
+    CHECK(io && posix_memalign((void **)&b, FERRY__IO_ALIGN, 3 * MIB) == 0);
+    if (io && b) {
+        memset(b, 0x5A, 3 * MIB);
+        via_relay = 1;
+        CHECK_EQ_INT(pool_read(io, &f, 0, 3 * MIB, b, FERRY_LOAD_DIRECT, &e), FERRY_EIO);
+        CHECK(strstr(e.msg, path) != NULL);
+        /* the chunks wholly past the new end left their bytes alone */
+        int untouched = 1;
+        for (uint64_t i = 2 * MIB; i < 3 * MIB; i++)
+            untouched &= b[i] == 0x5A;
+        CHECK(untouched);
+        CHECK_EQ_INT(pool_read(io, &f, 4096, MIB + 100 - 4096, b + 4096, FERRY_LOAD_DIRECT, &e),
+                     0);
+        CHECK(memcmp(b + 4096, pattern + 4096, MIB + 100 - 4096) == 0);
+        via_relay = 0;
+    }
+    free(b);
+    ferry__io_destroy(io);
+    ferry__iofile_close(&f);
 }
 
 static void test_chunks(void)
@@ -421,6 +508,10 @@ int main(void)
     test_shrunk(dir);
     test_pool(&f, "threads", "threads");
     test_pool(&f, "uring", ferry__io_uring_usable() ? "uring" : "threads");
+    test_relay_shrunk(dir, "threads");
+    test_relay_shrunk(dir, "uring");
+    test_relay_nomem(&f, "threads");
+    test_relay_nomem(&f, "uring");
 
     ferry__iofile_close(&f);
     CHECK_EQ_INT(f.fd, -1);

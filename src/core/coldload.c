@@ -85,50 +85,40 @@ double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
     return (double)step / sorted[n > FERRY__COLD_SLOW_STEPS ? n - FERRY__COLD_SLOW_STEPS : n - 1];
 }
 
-/* Faults in FAULT fresh bytes in 2 MiB steps, each timed, and reads [OFF, OFF+LEN) of FILE into
- * the first of them with O_DIRECT. HUGE: in 2 MiB pages, the fault rate
- * ferry__cold_fault_rate's; else in small pages, the rate ferry__cold_slow_rate's, the faults
- * ending early once FERRY__COLD_SLOW_STEPS steps ran below BELOW GB/s (0: never). The fault rate
- * goes to *FAULT_GBPS; returns the slower of it and the read's, GB/s, or 0 when it could not
- * run. */
+/* The private probe where huge pages are cheap: faults in LEN fresh bytes in 2 MiB pages, in 2 MiB
+ * steps, each timed (rated by ferry__cold_fault_rate), and reads [OFF, OFF+LEN) of FILE into them
+ * with O_DIRECT, as the arena does there. The fault rate goes to *FAULT_GBPS; returns the slower
+ * of it and the read's, GB/s, or 0 when it could not run. */
 static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len,
-                            uint64_t fault, int huge, double below, double *fault_gbps)
+                            double *fault_gbps)
 {
     *fault_gbps = 0;
-    fault = fault < len ? len : fault;
-    size_t maplen = (size_t)(fault + FERRY__HUGE_PAGE);
+    size_t maplen = (size_t)(len + FERRY__HUGE_PAGE);
     void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return 0;
     unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
                                            ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
-    if (!huge)
-        ferry__host_small_pages(buf, fault);
 #ifdef MADV_HUGEPAGE
-    else
-        (void)madvise(buf, (size_t)fault, MADV_HUGEPAGE);
+    (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
 #endif
     double steps[FERRY__COLD_STEPS_MAX];
-    size_t n = 0, slow = 0;
-    for (uint64_t at = 0;
-         at < fault && n < FERRY__COLD_STEPS_MAX && slow < FERRY__COLD_SLOW_STEPS;
-         at += FERRY__HUGE_PAGE, n++) {
-        size_t part = (size_t)(fault - at < FERRY__HUGE_PAGE ? fault - at : FERRY__HUGE_PAGE);
+    size_t n = 0;
+    for (uint64_t at = 0; at < len && n < FERRY__COLD_STEPS_MAX; at += FERRY__HUGE_PAGE, n++) {
+        size_t part = (size_t)(len - at < FERRY__HUGE_PAGE ? len - at : FERRY__HUGE_PAGE);
         double s0 = ferry__now();
         if (madvise(buf + at, part, MADV_POPULATE_WRITE) != 0)
             memset(buf + at, 0, part);
         steps[n] = ferry__now() - s0;
-        slow += below > 0 && steps[n] * below * 1e9 > (double)part;
     }
     /* the last step may be short: rated by the whole steps only, where there are any */
-    size_t whole = fault % FERRY__HUGE_PAGE && n > 1 && n * FERRY__HUGE_PAGE > fault ? n - 1 : n;
-    uint64_t step = whole < n || fault >= FERRY__HUGE_PAGE ? FERRY__HUGE_PAGE : fault;
-    double rate = huge ? ferry__cold_fault_rate(steps, whole, step)
-                       : ferry__cold_slow_rate(steps, whole, step);
+    size_t whole = len % FERRY__HUGE_PAGE && n > 1 ? n - 1 : n;
+    uint64_t step = whole < n || len >= FERRY__HUGE_PAGE ? FERRY__HUGE_PAGE : len;
+    double rate = ferry__cold_fault_rate(steps, whole, step);
     double t1 = ferry__now();
     ferry__err e[1];
     ferry__err_clear(e);
-    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, e);
+    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, 0, e);
     double t2 = ferry__now();
     munmap(m, maplen);
     double read = t2 > t1 ? (double)len / (t2 - t1) : 0;
@@ -200,6 +190,54 @@ static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, u
     return fill >= 0 && touch >= 0 && t > 0 ? (double)len / t / 1e9 : 0;
 }
 
+
+/* The private probe where the host takes free 2 MiB blocks back: reads [OFF, OFF+LEN) of FILE
+ * with O_DIRECT through the I/O workers' relay slots into fresh small pages, as the arena does
+ * there, then faults up to PROBE_FAULT_SMALL more of them in 2 MiB steps, each timed, ending
+ * early once FERRY__COLD_SLOW_STEPS steps ran below FERRY__COLD_FAULT_OVER_FILL times the read.
+ * The read comes first: it takes the pages freed a moment ago, which fault in fastest, and the
+ * steps rate the memory a whole load meets (ferry__cold_slow_rate). *READ_GBPS and *FAULT_GBPS
+ * get the two rates; returns the slower, GB/s, or 0 when it could not run. */
+static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uint64_t len,
+                          double *read_gbps, double *fault_gbps)
+{
+    *read_gbps = *fault_gbps = 0;
+    uint64_t at0 = (len + FERRY__HUGE_PAGE - 1) & ~(FERRY__HUGE_PAGE - 1);
+    uint64_t total = at0 + PROBE_FAULT_SMALL;
+    size_t maplen = (size_t)(total + FERRY__HUGE_PAGE);
+    void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 0;
+    unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
+                                           ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
+    ferry__host_small_pages(buf, total);
+    ferry__err e[1];
+    ferry__err_clear(e);
+    double t0 = ferry__now();
+    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, 1, e);
+    double t1 = ferry__now();
+    double read = !rc && t1 > t0 ? (double)len / (t1 - t0) : 0;
+    double below = FERRY__COLD_FAULT_OVER_FILL * read;
+    double steps[FERRY__COLD_STEPS_MAX];
+    size_t n = 0, slow = 0;
+    for (uint64_t at = at0; read > 0 && at < total && n < FERRY__COLD_STEPS_MAX &&
+                            slow < FERRY__COLD_SLOW_STEPS;
+         at += FERRY__HUGE_PAGE, n++) {
+        double s0 = ferry__now();
+        if (madvise(buf + at, (size_t)FERRY__HUGE_PAGE, MADV_POPULATE_WRITE) != 0)
+            memset(buf + at, 0, (size_t)FERRY__HUGE_PAGE);
+        steps[n] = ferry__now() - s0;
+        slow += steps[n] * below > (double)FERRY__HUGE_PAGE;
+    }
+    munmap(m, maplen);
+    double rate = n ? ferry__cold_slow_rate(steps, n, FERRY__HUGE_PAGE) : 0;
+    if (read <= 0 || rate <= 0)
+        return 0;
+    *read_gbps = read / 1e9;
+    *fault_gbps = rate / 1e9;
+    return (rate < read ? rate : read) / 1e9;
+}
+
 /* Measures both ways on two neighbouring uncached ranges in the middle of [LO, HI) of FILE;
  * 0 when there is no room for them or they are cached. */
 static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
@@ -235,15 +273,33 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
      * The mapping runs first, so that the page cache takes any pages freed a moment ago ahead of
      * the private probe. */
     int dear = ferry__host_huge_pages_dear();
-    double pm = probe_map(file, a, lm, parts), fault = 0;
-    double pp = pm > 0 ? probe_private(f, file, b, lp, dear ? PROBE_FAULT_SMALL : lp, !dear,
-                                       dear ? FERRY__COLD_FAULT_OVER_FILL * pm : 0, &fault)
-                       : 0;
+    double pm = 0, pp = 0, fault = 0, read = 0;
+    if (dear) {
+        /* Private copies there read through the I/O workers' relay slots, at the disk's own
+         * rate, which the mapping's fill does not beat (it reads the same disk into the page
+         * cache): where fresh memory faults in FERRY__COLD_FAULT_OVER_FILL times faster than
+         * that read, private copies win without the mapping's probe, whose pages cost the load
+         * their first touch. */
+        pp = probe_small(f, file, b, lp, &read, &fault);
+        if (pp > 0 && fault >= FERRY__COLD_FAULT_OVER_FILL * read) {
+            f->cold.private_gbps = pp;
+            f->cold.fault_gbps = fault;
+            f->cold.read_gbps = read;
+            f->cold.dear = dear;
+            f->cold.map = 0;
+            return 1;
+        }
+        pm = pp > 0 ? probe_map(file, a, lm, parts) : 0;
+    } else {
+        pm = probe_map(file, a, lm, parts);
+        pp = pm > 0 ? probe_private(f, file, b, lp, &fault) : 0;
+    }
     if (pm <= 0 || pp <= 0)
         return 0;
     f->cold.map_gbps = pm;
     f->cold.private_gbps = pp;
     f->cold.fault_gbps = fault;
+    f->cold.read_gbps = read;
     f->cold.dear = dear;
     /* Near a tie the mapping: its probe's bytes are cached and serve the load, it keeps no
      * private memory, and its probe is the one a moment's stall of the host misleads (after the

@@ -407,7 +407,7 @@ struct ferry {
     } progress;
     struct {                  /* coldload.c's: how load AUTO reads what the page cache lacks */
         int decided, map, forced, dear;
-        double map_gbps, private_gbps, fault_gbps;
+        double map_gbps, private_gbps, fault_gbps, read_gbps;
     } cold;
     ferry_stats stats;        /* counters (prepare.c, memory.c); resident/peak filled from devs
                                  on read */
@@ -600,7 +600,8 @@ void ferry__arena_plan(ferry_tensor *const *ts, size_t n, ferry__arena_span_fn s
  * claimed; the copy then holds a reference to the arena. */
 void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m);
 /* Makes A's reads: one per range of claimed tensors whose pages touch; with HUGE, the 2 MiB
- * blocks they fill whole are advised huge pages. */
+ * blocks they fill whole are advised huge pages, without it the reads are relayed (io.h, `relay`;
+ * FERRY_IO_RELAY=0 reads them straight). */
 void ferry__arena_ranges(ferry__arena *a, int huge);
 /* Makes LIST the load's arenas; with TOUCH, starts the toucher over their reads' destinations
  * (none when the thread cannot start). */

@@ -58,9 +58,10 @@ typedef struct ferry__xfer_env {
                   const char *arg);
     void *trace_ud;
 } ferry__xfer_env;
-/* Reads [ABS, ABS+LEN) of FILE into DST, large reads in parallel through IO's workers. */
+/* Reads [ABS, ABS+LEN) of FILE into DST, large reads in parallel through IO's workers (RELAY:
+ * through their relay slots, io.h). */
 int ferry__read_at(ferry__io *io, const ferry__iofile *file, uint64_t abs, uint64_t len, void *dst,
-                   ferry_load mode, ferry__err *e);
+                   ferry_load mode, int relay, ferry__err *e);
 /* Reads [off, off+len) of T's file (OFF relative to the tensor) into DST; large reads go to the
  * I/O pool. COUNT: the bytes count as read from the file. */
 int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t off,

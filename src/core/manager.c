@@ -149,6 +149,7 @@ int ferry_get_io_settings(const ferry *f, ferry_io_settings *out)
     out->io_threads = ferry__io_threads(f->io);
     out->request_bytes = ferry__io_chunk(f->io);
     out->backend = ferry__io_backend(f->io);
+    out->relay_bytes = ferry__io_relay_bytes(f->io);
     return 0;
 }
 
@@ -160,7 +161,8 @@ int ferry_get_cold_load(ferry *f, ferry_cold_load *out)
     *out = (ferry_cold_load){.decided = f->cold.decided, .map = f->cold.decided && f->cold.map,
                              .forced = f->cold.forced, .map_gbps = f->cold.map_gbps,
                              .private_gbps = f->cold.private_gbps,
-                             .fault_gbps = f->cold.fault_gbps, .dear = f->cold.dear};
+                             .fault_gbps = f->cold.fault_gbps, .dear = f->cold.dear,
+                             .read_gbps = f->cold.read_gbps};
     pthread_mutex_unlock(&f->lock);
     return 0;
 }

@@ -38,7 +38,7 @@ static void sync_done(void *ud, int status)
 /* Reads [ABS, ABS+LEN) of FILE into DST, reads of FERRY__PARALLEL_READ and more through the I/O
  * pool, whose workers read chunks of it in parallel; E's message, when it fails, names no tensor. */
 int ferry__read_at(ferry__io *io, const ferry__iofile *file, uint64_t abs, uint64_t len, void *dst,
-                   ferry_load mode, ferry__err *e)
+                   ferry_load mode, int relay, ferry__err *e)
 {
     if (len < FERRY__PARALLEL_READ)
         return ferry__io_read(file, abs, len, dst, mode, e);
@@ -46,7 +46,7 @@ int ferry__read_at(ferry__io *io, const ferry__iofile *file, uint64_t abs, uint6
     pthread_mutex_init(&w.m, NULL);
     pthread_cond_init(&w.c, NULL);
     ferry__ioreq req = {.file = file, .offset = abs, .len = len, .dst = dst,
-                        .mode = mode, .done = sync_done, .ud = &w};
+                        .mode = mode, .done = sync_done, .ud = &w, .relay = relay};
     int rc = ferry__io_submit(io, &req);
     if (!rc) {
         pthread_mutex_lock(&w.m);
@@ -70,7 +70,7 @@ int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t
                     uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e)
 {
     double t0 = env->trace ? ferry__now() : 0;
-    int rc = ferry__read_at(env->io, t->file, t->info.offset + off, len, dst, mode, e);
+    int rc = ferry__read_at(env->io, t->file, t->info.offset + off, len, dst, mode, 0, e);
     if (rc)
         ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
     if (!rc && count)

@@ -29,6 +29,8 @@
 #define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read, by default */
 #define FERRY__IO_CHUNK_MIN (UINT64_C(64) << 10)
 #define FERRY__IO_CHUNK_MAX (UINT64_C(1) << 30) /* io_uring's lengths are 32-bit */
+/* A relayed request's chunk: the bytes of one read into a worker's relay slot (see `relay`). */
+#define FERRY__IO_RELAY_PIECE (UINT64_C(512) << 10)
 
 /* A file open for reading. Never written: the mapping is PROT_READ, MAP_SHARED (iofile.c says why).
  * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
@@ -110,6 +112,18 @@ typedef struct ferry__ioreq {
     /* Optional: called with UD and the bytes of each chunk read successfully, on a worker, before
      * done (a long request's own progress). */
     void (*chunk_read)(void *ud, uint64_t bytes);
+    /* Optional: 1 reads the request's direct chunks (FERRY__IO_RELAY_PIECE bytes each) into the
+     * reading worker's own relay slots and copies each into DST as it lands, instead of
+     * reading straight into DST. The slots are allocated at a worker's first relayed chunk and
+     * reused until the pool is destroyed: one per chunk a worker keeps in flight (8 with
+     * io_uring, 1 with threads), 16 MiB for a pool of 4 io_uring workers, in 2 MiB pages. Worth it
+     * where DST lies in 4 KiB pages just faulted in: a direct read into such memory is cut into
+     * device requests of one segment per physically separate page (254 segments a request on
+     * virtio), and on a VM whose disk the host emulates even a request into 4 KiB pages that are
+     * there reads slower than one into a few huge pages, small and reused (bench/README.md has
+     * the figures). Buffered chunks, and a worker whose slots could not be allocated, read
+     * straight into DST. */
+    int relay;
     /* Written by the engine before done is called; read it in (or after) the done callback. On a
      * non-zero status: the detail of the chunk that failed first, e.g. "PATH: read of N bytes at
      * offset O failed: <strerror>", or "PATH: read of N bytes at offset O cancelled"; "" on
@@ -140,6 +154,8 @@ uint64_t ferry__io_set_chunk(ferry__io *io, uint64_t bytes);
 /* The chunk size set, and the number of workers. */
 uint64_t ferry__io_chunk(const ferry__io *io);
 unsigned ferry__io_threads(const ferry__io *io);
+/* Bytes of relay slots IO's workers hold now (io.h, `relay`): 0 until a relayed request ran. */
+uint64_t ferry__io_relay_bytes(const ferry__io *io);
 /* "uring" or "threads": the backend IO's workers use (a static string). */
 const char *ferry__io_backend(const ferry__io *io);
 /* Queues REQ (which must stay alive, unmoved, until its done callback returns). */

@@ -8,7 +8,13 @@
  * run-time dispatch is needed; other machines use memcpy.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it and the copy faults */
+#endif
 
 #include "io/io_internal.h"
 
@@ -58,3 +64,56 @@ void ferry__io_copy(void *dst, const void *src, size_t n)
 void ferry__io_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 
 #endif
+
+unsigned char *ferry__io_relay(ferry__iorelay *st, unsigned n)
+{
+    if (!st->base && !st->failed) {
+        /* in 2 MiB pages where the kernel gives them: a device request into 4 KiB pages is
+         * slower per byte on a VM's disk even into memory that is there (bench/README.md) */
+        const size_t huge = (size_t)2 << 20;
+        size_t bytes = (size_t)n * FERRY__IO_RELAY_PIECE;
+        unsigned char *m = n ? ferry__sys_mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE,
+                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                             : MAP_FAILED;
+        if (m == MAP_FAILED) {
+            st->failed = 1;
+            return NULL;
+        }
+        size_t head = (huge - (uintptr_t)m % huge) % huge;
+        if (head)
+            ferry__sys_munmap(m, head);
+        if (huge - head)
+            ferry__sys_munmap(m + head + bytes, huge - head);
+        st->base = m + head;
+        st->len = bytes;
+#ifdef MADV_HUGEPAGE
+        (void)madvise(st->base, bytes, MADV_HUGEPAGE);
+#endif
+        memset(st->base, 0, bytes); /* faulted in here, not on the first read's path */
+        if (st->counter)
+            atomic_fetch_add(st->counter, (uint64_t)bytes);
+    }
+    return st->base;
+}
+
+void ferry__io_relay_free(ferry__iorelay *st)
+{
+    if (st->base) {
+        ferry__sys_munmap(st->base, st->len);
+        if (st->counter)
+            atomic_fetch_sub(st->counter, (uint64_t)st->len);
+    }
+    st->base = NULL;
+}
+
+void ferry__io_relay_copy(void *dst, const void *src, size_t n)
+{
+    /* one call faults the pages in, where the copy would fault each on its own (several times
+     * slower); on pages already there it only walks the page table */
+    uint64_t page = ferry__io_page_size();
+    uintptr_t lo = ((uintptr_t)dst + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)dst + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+    memcpy(dst, src, n);
+}

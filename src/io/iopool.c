@@ -63,6 +63,7 @@ struct ferry__io {
     ferry__uring **rings;  /* one ring per worker, or NULL: the thread backend */
     unsigned ring_count;   /* rings created (the nthreads asked for) */
     _Atomic uint64_t chunk; /* bytes per worker read; a request takes it at submit */
+    _Atomic uint64_t relay_bytes; /* the workers' relay slots, mapped */
 };
 
 /* The pool whose worker this thread is, so that cancel_all from a done callback does not wait on
@@ -189,20 +190,36 @@ void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, co
         complete(io, req, st);
 }
 
-/* The thread backend: one chunk at a time, read on this thread. */
+/* The thread backend: one chunk at a time, read on this thread; a relayed request's direct chunk
+ * through the worker's one relay slot, at the chunk's offset within a block as the direct read
+ * needs. */
 static void thread_loop(ferry__io *io, unsigned char *bounce)
 {
     ferry__iochunk c;
     ferry__err err;
+    ferry__iorelay st = {.counter = &io->relay_bytes};
     while (ferry__io_take(io, &c, 1) == 1) {
         err.code = 0;
         err.msg[0] = 0;
         ferry__ioreq *req = c.req;
-        int r = ferry__io_read_range(req->file, c.pos, c.end - c.pos,
-                                     (unsigned char *)req->dst + (c.pos - req->offset), req->mode,
-                                     bounce, &err);
+        const ferry__iofile *f = req->file;
+        uint64_t n = c.end - c.pos;
+        unsigned char *dst = (unsigned char *)req->dst + (c.pos - req->offset);
+        ferry_load mode = req->mode;
+        if (mode == FERRY_LOAD_AUTO && req->relay)
+            mode = ferry__iofile_cached(f, c.pos, n) >= FERRY__IO_AUTO_CACHED ? FERRY_LOAD_READ
+                                                                              : FERRY_LOAD_DIRECT;
+        unsigned char *slot = req->relay && mode == FERRY_LOAD_DIRECT && f->fd_direct >= 0 &&
+                                      c.pos % FERRY__IO_ALIGN + n <= FERRY__IO_RELAY_PIECE &&
+                                      ferry__io_relay(&st, 1)
+                                  ? ferry__io_relay_slot(&st, 0) + c.pos % FERRY__IO_ALIGN
+                                  : NULL;
+        int r = ferry__io_read_range(f, c.pos, n, slot ? slot : dst, mode, bounce, &err);
+        if (r == 0 && slot)
+            ferry__io_relay_copy(dst, slot, (size_t)n);
         ferry__io_chunk_done(io, &c, r, err.msg);
     }
+    ferry__io_relay_free(&st);
 }
 
 static void *worker(void *arg)
@@ -274,8 +291,11 @@ ferry__io *ferry__io_create(unsigned nthreads)
         return NULL;
     }
     io->bounce = b;
+    atomic_init(&io->relay_bytes, 0);
     io->rings = make_rings(nthreads);
     io->ring_count = io->rings ? nthreads : 0;
+    for (unsigned i = 0; i < io->ring_count; i++)
+        ferry__uring_count_relay(io->rings[i], &io->relay_bytes);
     atomic_init(&io->bytes_read, 0);
     pthread_mutex_init(&io->mu, NULL);
     pthread_mutex_init(&io->progress_mu, NULL);
@@ -345,7 +365,7 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
         return FERRY_EIO;
     }
     req->next_chunk = req->offset;
-    req->chunk = atomic_load(&io->chunk);
+    req->chunk = req->relay ? FERRY__IO_RELAY_PIECE : atomic_load(&io->chunk);
     req->chunks_left = ferry__io_chunk_count(req->offset, req->len, req->chunk);
     req->status = 0;
     req->next = NULL;
@@ -484,6 +504,11 @@ uint64_t ferry__io_bytes_read(const ferry__io *io)
     if (!io)
         return 0;
     return atomic_load_explicit(&((ferry__io *)io)->bytes_read, memory_order_relaxed);
+}
+
+uint64_t ferry__io_relay_bytes(const ferry__io *io)
+{
+    return io ? atomic_load(&((ferry__io *)io)->relay_bytes) : 0;
 }
 
 const char *ferry__io_backend(const ferry__io *io)

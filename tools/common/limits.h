@@ -60,6 +60,14 @@ typedef enum limits_pages { LIMITS_PAGES_HUGE, LIMITS_PAGES_SMALL } limits_pages
 double limits_first_pass(const char *path, uint64_t keep, unsigned readers, uint64_t request,
                          unsigned faulters, limits_pages pages, double *seconds);
 
+/* A cold load done by a plain program through relay slots: PATH dropped from the page cache,
+ * then READERS threads (1..64) each read PIECE bytes at a time (0: 512 KiB) with O_DIRECT into
+ * a slot of their own (the slots one mapping in 2 MiB pages, faulted in before the clock) and
+ * copy them to their place in fresh memory of the file's size, in small pages, each piece's
+ * pages faulted in by one MADV_POPULATE_WRITE first. Timed from the moment every thread is
+ * ready to the last copy's end; returns GB/s of the file, and *SECONDS (may be NULL) the time. */
+double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, double *seconds);
+
 /* Cold buffered read of the whole of PATH: dropped from the page cache (POSIX_FADV_DONTNEED),
  * then pread on one thread into one reused buffer of REQUEST bytes (0: 64 MiB). What the page
  * cache's own readahead delivers with no destination cost: the other disk limit. */

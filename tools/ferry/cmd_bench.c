@@ -307,9 +307,11 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
         printf("  %-38s %8.3f   (best with %u thread(s); M / 4 of it)\n",
                "fresh memory in 2 MiB pages", v[BENCHLAB_FRESH_HUGE], b->fresh_huge_threads);
         if (v[BENCHLAB_COLD_LIMIT] > 0)
-            printf("  %-38s %8.3f   (the model into fresh memory, %s pages the faster)\n",
+            printf("  %-38s %8.3f   (the model into fresh memory, %s the fastest)\n",
                    "O_DIRECT into fresh memory", v[BENCHLAB_COLD_LIMIT],
-                   b->cold_limit_pages == LIMITS_PAGES_SMALL ? "small" : "huge");
+                   b->cold_limit_relayed                         ? "small pages through relay slots"
+                   : b->cold_limit_pages == LIMITS_PAGES_SMALL ? "small pages"
+                                                                : "huge pages");
         char what[48];
         snprintf(what, sizeof what, "memory read (%u thread%s)", b->read_threads,
                  b->read_threads == 1 ? "" : "s");
@@ -334,14 +336,21 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
     if (!b->streams_only) {
         above |= print_row("cold, auto (ferry's choice)", v[BENCHLAB_COLD_AUTO],
                            "min(O_DIRECT, fresh memory)", cold_lim);
-        if (b->cold.decided)
-            printf("    auto read uncached bytes %s (%s: populating the mapping %.2f GB/s, "
-                   "private copies %.2f, fresh memory %.2f%s); %.2f of mmap + populate\n",
+        if (b->cold.decided) {
+            char map[48] = "not measured", dear[96] = "";
+            if (b->cold.map_gbps > 0)
+                snprintf(map, sizeof map, "%.2f GB/s", b->cold.map_gbps);
+            if (b->cold.dear)
+                snprintf(dear, sizeof dear,
+                         " in small pages, free 2 MiB blocks handed back; relayed read %.2f",
+                         b->cold.read_gbps);
+            printf("    auto read uncached bytes %s (%s: populating the mapping %s, private "
+                   "copies %.2f, fresh memory %.2f%s); %.2f of mmap + populate\n",
                    b->cold.map ? "through the mapping" : "into private copies",
-                   b->cold.forced ? "FERRY_AUTO_COLD" : "measured", b->cold.map_gbps,
-                   b->cold.private_gbps, b->cold.fault_gbps,
-                   b->cold.dear ? " in small pages, free 2 MiB blocks handed back" : "",
+                   b->cold.forced ? "FERRY_AUTO_COLD" : "measured", map, b->cold.private_gbps,
+                   b->cold.fault_gbps, dear,
                    ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_MMAP_POPULATE]));
+        }
         if (v[BENCHLAB_COLD_LIMIT] > 0)
             printf("    %.2f of a plain program's O_DIRECT read into fresh memory\n",
                    ratio(v[BENCHLAB_COLD_AUTO], v[BENCHLAB_COLD_LIMIT]));
@@ -633,6 +642,7 @@ static void report_json(benchlab *b)
     NUM("cold_probe_map_gbps", b->cold.map_gbps);
     NUM("cold_probe_private_gbps", b->cold.private_gbps);
     NUM("cold_probe_fault_gbps", b->cold.fault_gbps);
+    NUM("cold_probe_read_gbps", b->cold.read_gbps);
     NUM("warm_load_gbps", v[BENCHLAB_WARM_READ]);
     NUM("warm_auto_seconds", v[BENCHLAB_WARM_AUTO]);
     cli_json_key(&j, "warm_auto_zero_copy");
@@ -646,6 +656,7 @@ static void report_json(benchlab *b)
     NUM("cold_load_limit_gbps", v[BENCHLAB_COLD_LIMIT]);
     cli_json_key(&j, "cold_load_limit_pages");
     cli_json_string(&j, !(v[BENCHLAB_COLD_LIMIT] > 0)                    ? "none"
+                        : b->cold_limit_relayed                         ? "relayed"
                         : b->cold_limit_pages == LIMITS_PAGES_SMALL ? "small"
                                                                      : "huge");
     double cold_model = min2(v[BENCHLAB_DIRECT], v[BENCHLAB_FRESH]);
@@ -718,8 +729,9 @@ int cmd_bench(int argc, char **argv)
         "each thread its own range of rows first) and its ratio to that read, the O_DIRECT\n"
         "read and the compute at once (how much each slows the other); ferry's cold\n"
         "loads (load auto and direct, file dropped from the page cache) beside a plain\n"
-        "program's O_DIRECT read of the model into fresh memory (small or huge pages, the\n"
-        "faster), warm loads (read; auto is zero-copy), plain mmap and mmap with populate;\n"
+        "program's O_DIRECT read of the model into fresh memory (small or huge pages, or\n"
+        "small ones through relay slots: the fastest), warm loads (read; auto is\n"
+        "zero-copy), plain mmap and mmap with populate;\n"
         "then streamed passes (home disk, compute cpu, load auto) under host budgets of 1/4\n"
         "and 1/2 of the model, judged\n"
         "against max(resident compute, (M - B + W) / O_DIRECT read), W the two largest\n"
