@@ -496,10 +496,11 @@ typedef struct ferry_io_settings {
     uint32_t io_threads;       /* I/O workers: reads in flight at once (io_uring: each up to 8) */
     uint64_t request_bytes;    /* bytes of one read */
     const char *backend;       /* "threads" or "uring" (a static string) */
-    uint64_t relay_bytes;      /* memory the I/O workers hold now for relayed reads: 0 until a
-                                  group load read private copies in 4 KiB pages, then 512 KiB per
-                                  read a worker keeps in flight (16 MiB for 4 io_uring workers),
-                                  kept until ferry_destroy; not counted against the host budget */
+    uint64_t relay_bytes;      /* memory the I/O workers hold now for relayed reads (see
+                                  FERRY_IO_RELAY in the guide): 0 until a worker relayed one, then
+                                  512 KiB per read it keeps in flight (16 MiB for 4 io_uring
+                                  workers), kept until ferry_destroy; not counted against the host
+                                  budget */
 } ferry_io_settings;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget

@@ -1,8 +1,13 @@
 /*
  * test_io_settings.c — ferry_options.io_threads and io_request_bytes as a manager resolves them
  * (ferry_get_io_settings): given values kept, clamped and block-aligned, $FERRY_IO_REQUEST and
- * $FERRY_IO_THREADS as defaults, and a model read correctly with the smallest requests.
+ * $FERRY_IO_THREADS as defaults, and a model read correctly with the smallest requests, and
+ * with large direct reads relayed or not ($FERRY_IO_RELAY).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* O_DIRECT */
+#endif
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +30,61 @@ static ferry_io_settings settings(uint32_t threads, uint64_t request)
     CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
     ferry_destroy(f);
     return s;
+}
+
+/* With FERRY_IO_RELAY=RELAY: the model at PATH (tensors of several MiB) streamed from home disk
+ * under a small host budget, twice, then loaded as a group to home host, reads the file's bytes;
+ * relay slots exist exactly when reads are relayed and the file takes O_DIRECT. */
+static void relayed_reads(const char *path, const char *relay)
+{
+    setenv("FERRY_IO_RELAY", relay, 1);
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    int direct = fd >= 0;
+    if (fd >= 0)
+        close(fd);
+    ferry_options o = {.host_budget = 24u << 20};
+    ferry *f = ferry_create(&o);
+    ferry_policy p = {.home = FERRY_HOME_DISK, .load = FERRY_LOAD_DIRECT};
+    size_t n = 0;
+    ferry_tensor **ts = fixture_open_all(f, path, &p, &n);
+    CHECK(ts != NULL && n > 0);
+    int ok = 1;
+    for (int pass = 0; pass < 2 && ts; pass++)
+        for (size_t i = 0; i < n; i++) {
+            ok &= ferry_prepare(f, &ts[i], 1) == 0;
+            ok &= fixture_same_as_file(f, ts[i]);
+            ferry_release(f, &ts[i], 1);
+        }
+    CHECK(ok);
+    ferry_io_settings s;
+    CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
+    if (strcmp(relay, "1") == 0 && direct)
+        CHECK(s.relay_bytes > 0);
+    else
+        CHECK_EQ_INT(s.relay_bytes, 0);
+    free(ts);
+    ferry_destroy(f);
+
+    f = ferry_create(NULL);
+    p.home = FERRY_HOME_HOST;
+    ts = fixture_open_all(f, path, &p, &n);
+    CHECK(ts != NULL && n > 0);
+    CHECK_EQ_INT(ferry_load_group(f, "all"), 0);
+    ok = 1;
+    for (size_t i = 0; ts && i < n; i++) {
+        ok &= ferry_prepare(f, &ts[i], 1) == 0;
+        ok &= fixture_same_as_file(f, ts[i]);
+        ferry_release(f, &ts[i], 1);
+    }
+    CHECK(ok);
+    CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
+    if (strcmp(relay, "1") == 0 && direct)
+        CHECK(s.relay_bytes > 0);
+    else
+        CHECK_EQ_INT(s.relay_bytes, 0);
+    free(ts);
+    ferry_destroy(f);
+    unsetenv("FERRY_IO_RELAY");
 }
 
 int main(void)
@@ -75,6 +135,13 @@ int main(void)
     CHECK(ok);
     free(ts);
     ferry_destroy(f);
+
+    /* tensors of 6 MiB: read through the I/O pool, relayed or not */
+    snprintf(path, sizeof path, "%s/big.gguf", dir);
+    if (fixture_write_llama(path, 2, 768, 2048, 300, FERRY_DTYPE_F32))
+        return 1;
+    relayed_reads(path, "1");
+    relayed_reads(path, "0");
     if (!check_failed)
         check_rmdir(dir);
     return check_finish();

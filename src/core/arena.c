@@ -12,9 +12,10 @@
  * (MADV_POPULATE_WRITE, which never changes a byte) ahead of the reads. The reads then go into
  * pages that are already there and mostly huge, and the disk sees one sequential stream. Where
  * fresh huge pages are dear (the host takes free 2 MiB blocks back) the arena stays in 4 KiB
- * pages and its reads are relayed (io.h, `relay`): each 512 KiB lands in a worker's small
- * reused huge-page slot and is copied to its place, which read a cold 2 GiB model at 2.0-2.4
- * GB/s against 1.6-1.8 straight into the arena (Dec 5 2026, bench/README.md).
+ * pages, and there the manager relays its reads (ferry__relay_init; io.h, `relay`): each 512 KiB
+ * lands in a worker's small reused huge-page slot and is copied to its place, which read a cold
+ * 2 GiB model at 2.0-2.4 GB/s against 1.6-1.8 straight into the arena (Dec 5 2026,
+ * bench/README.md).
  *
  * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold
  * cache (bench/load_bench --only ferry-direct, alternating with a standalone reader and a plain
@@ -203,17 +204,8 @@ void ferry__arena_place(ferry__arena *a, size_t i, ferry__mem *m)
     a->claimed[i] = FERRY__CLAIMED;
 }
 
-/* Whether reads into an arena of 4 KiB pages go through the I/O workers' relay slots:
- * FERRY_IO_RELAY=0 or 1 where set (benchmarks), else yes. */
-static int relay_small_pages(void)
+void ferry__arena_ranges(ferry__arena *a, int huge, int relay)
 {
-    const char *v = getenv("FERRY_IO_RELAY");
-    return v && *v ? strcmp(v, "0") != 0 : 1;
-}
-
-void ferry__arena_ranges(ferry__arena *a, int huge)
-{
-    int relay = !huge && relay_small_pages();
     a->n_reads = 0;
     uint64_t end = 0;
     for (size_t i = 0; i < a->n; i++) {

@@ -20,9 +20,10 @@
  *            meets mostly the latter, so the slowest step rates it (ferry__cold_fault_rate).
  * The mapped bytes stay cached and serve the load either way (mapped, or copied from the cache);
  * the private ones cost their time and are read again by the load when private copies win.
- * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the private probe
- * faults up to 128 MiB in small pages, as the arena lays copies there, and the rule changes, since
- * the mapping's first touch costs a whole load more than its probe shows (see probe).
+ * Where the host takes free 2 MiB blocks back (ferry__host_huge_pages_dear), the arena lays copies
+ * in small pages and relays their reads (io.h, `relay`); the private probe then runs first, reads
+ * as the arena does and faults up to 128 MiB in small pages, and the rule changes, since the
+ * mapping's first touch costs a whole load more than its probe shows (see probe).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -192,8 +193,7 @@ static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, u
 
 
 /* The private probe where the host takes free 2 MiB blocks back: reads [OFF, OFF+LEN) of FILE
- * with O_DIRECT through the I/O workers' relay slots into fresh small pages, as the arena does
- * there, then faults up to PROBE_FAULT_SMALL more of them in 2 MiB steps, each timed, ending
+ * with O_DIRECT into fresh small pages as the arena does there (relayed where F relays), then faults up to PROBE_FAULT_SMALL more of them in 2 MiB steps, each timed, ending
  * early once FERRY__COLD_SLOW_STEPS steps ran below FERRY__COLD_FAULT_OVER_FILL times the read.
  * The read comes first: it takes the pages freed a moment ago, which fault in fastest, and the
  * steps rate the memory a whole load meets (ferry__cold_slow_rate). *READ_GBPS and *FAULT_GBPS
@@ -214,7 +214,7 @@ static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uin
     ferry__err e[1];
     ferry__err_clear(e);
     double t0 = ferry__now();
-    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, 1, e);
+    int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, f->relay, e);
     double t1 = ferry__now();
     double read = !rc && t1 > t0 ? (double)len / (t1 - t0) : 0;
     double below = FERRY__COLD_FAULT_OVER_FILL * read;
@@ -310,6 +310,12 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
     else
         f->cold.map = pm >= FERRY__COLD_MAP_TIE * pp;
     return 1;
+}
+
+void ferry__relay_init(ferry *f)
+{
+    const char *env = getenv("FERRY_IO_RELAY");
+    f->relay = env && *env ? strcmp(env, "0") != 0 : ferry__host_huge_pages_dear();
 }
 
 void ferry__cold_init(ferry *f)

@@ -34,6 +34,7 @@ ferry__xfer_env ferry__xfer_env_of(ferry *f, int dev)
                              .dev_host_accessible = dev >= 0 && f->devs[dev].p.host_accessible,
                              .bytes_read = &f->a_bytes_read,
                              .bytes_copied = &f->a_bytes_copied,
+                             .relay = f->relay,
                              .trace = ferry__tracing(f) ? trace_span : NULL,
                              .trace_ud = f};
 }

@@ -53,6 +53,7 @@ typedef struct ferry__xfer_env {
     const char *dev_name;                 /* its name, for messages */
     int dev_host_accessible;              /* its memory is the host's */
     uint64_t *bytes_read, *bytes_copied;  /* counters, added to atomically */
+    int relay;                            /* large direct reads are relayed (ferry->relay) */
     /* NULL unless tracing: records a span named FMT with its %s replaced by ARG */
     void (*trace)(void *ud, const char *cat, double t0, double t1, const char *fmt,
                   const char *arg);

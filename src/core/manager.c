@@ -123,6 +123,7 @@ ferry *ferry_create(const ferry_options *opt)
     ferry__pf_follow_init(&f->prefetch.follow);
     f->io = ferry__io_create(f->opt.io_threads);
     ferry__cold_init(f);
+    ferry__relay_init(f);
     ferry__first_init(f);
     if (!f->io)
         goto fail;

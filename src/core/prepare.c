@@ -382,7 +382,7 @@ static int bring_arena(ferry *f, ferry_tensor *const *ts, size_t n, int home_onl
         a->epoch = f->lora.lora_epoch;
         for (size_t i = 0; i < a->n; i++)
             arena_claim(f, a, i);
-        ferry__arena_ranges(a, huge);
+        ferry__arena_ranges(a, huge, f->relay);
         reads |= a->n_reads > 0;
     }
     ferry__arena_load L;

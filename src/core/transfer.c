@@ -70,7 +70,7 @@ int ferry__read_file(const ferry__xfer_env *env, const ferry_tensor *t, uint64_t
                     uint64_t len, void *dst, ferry_load mode, int count, ferry__err *e)
 {
     double t0 = env->trace ? ferry__now() : 0;
-    int rc = ferry__read_at(env->io, t->file, t->info.offset + off, len, dst, mode, 0, e);
+    int rc = ferry__read_at(env->io, t->file, t->info.offset + off, len, dst, mode, env->relay, e);
     if (rc)
         ferry__fail_prefix(e, "tensor '%s': ", t->info.name);
     if (!rc && count)

@@ -56,26 +56,28 @@ static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len, uint64_
     return len ? (span + chunk - 1) / chunk : 0;
 }
 
-/* A worker's relay slots for relayed requests (io.h, `relay`): N slots of FERRY__IO_RELAY_PIECE
- * bytes, in one mapping 2 MiB-aligned and advised huge pages, faulted in at the first call; NULL
- * when that failed (then never tried again). Freed by ferry__io_relay_free. A relayed chunk fits
- * one slot at its offset within a block: chunk boundaries lie FERRY__IO_RELAY_PIECE apart from
- * the block below the request's offset (ferry__io_chunk_end). */
+/* A worker's relay slots for relayed requests (io.h, `relay`), allocated by ferry__io_relay and
+ * freed by ferry__io_relay_free. A relayed chunk fits one slot at its offset within a block: chunk
+ * boundaries lie FERRY__IO_RELAY_PIECE apart from the block below the request's offset
+ * (ferry__io_chunk_end). */
 typedef struct ferry__iorelay {
     unsigned char *base;
     size_t len;
     int failed;
     _Atomic uint64_t *counter; /* or NULL: the bytes mapped are added here, and taken off at free */
 } ferry__iorelay;
-unsigned char *ferry__io_relay(ferry__iorelay *st, unsigned n);
-void ferry__io_relay_free(ferry__iorelay *st);
+/* R's N slots of FERRY__IO_RELAY_PIECE bytes, mapped at the first call in one mapping
+ * 2 MiB-aligned, advised huge pages and faulted in; NULL when that mapping failed (then never
+ * tried again: the reads go straight). */
+unsigned char *ferry__io_relay(ferry__iorelay *r, unsigned n);
+void ferry__io_relay_free(ferry__iorelay *r);
 /* Copies a relayed read's N bytes from its slot SRC to DST, the destination's pages faulted in
  * first by one call. */
 void ferry__io_relay_copy(void *dst, const void *src, size_t n);
-/* The relay slot K of ST (allocated), block-aligned. */
-static inline unsigned char *ferry__io_relay_slot(const ferry__iorelay *st, unsigned k)
+/* The relay slot K of R (allocated), block-aligned. */
+static inline unsigned char *ferry__io_relay_slot(const ferry__iorelay *r, unsigned k)
 {
-    return st->base + (size_t)k * FERRY__IO_RELAY_PIECE;
+    return r->base + (size_t)k * FERRY__IO_RELAY_PIECE;
 }
 
 /* Copies N bytes like memcpy (no overlap), with streaming stores when N is at least

@@ -65,9 +65,9 @@ void ferry__io_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n);
 
 #endif
 
-unsigned char *ferry__io_relay(ferry__iorelay *st, unsigned n)
+unsigned char *ferry__io_relay(ferry__iorelay *r, unsigned n)
 {
-    if (!st->base && !st->failed) {
+    if (!r->base && !r->failed) {
         /* in 2 MiB pages where the kernel gives them: a device request into 4 KiB pages is
          * slower per byte on a VM's disk even into memory that is there (bench/README.md) */
         const size_t huge = (size_t)2 << 20;
@@ -76,7 +76,7 @@ unsigned char *ferry__io_relay(ferry__iorelay *st, unsigned n)
                                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
                              : MAP_FAILED;
         if (m == MAP_FAILED) {
-            st->failed = 1;
+            r->failed = 1;
             return NULL;
         }
         size_t head = (huge - (uintptr_t)m % huge) % huge;
@@ -84,26 +84,26 @@ unsigned char *ferry__io_relay(ferry__iorelay *st, unsigned n)
             ferry__sys_munmap(m, head);
         if (huge - head)
             ferry__sys_munmap(m + head + bytes, huge - head);
-        st->base = m + head;
-        st->len = bytes;
+        r->base = m + head;
+        r->len = bytes;
 #ifdef MADV_HUGEPAGE
-        (void)madvise(st->base, bytes, MADV_HUGEPAGE);
+        (void)madvise(r->base, bytes, MADV_HUGEPAGE);
 #endif
-        memset(st->base, 0, bytes); /* faulted in here, not on the first read's path */
-        if (st->counter)
-            atomic_fetch_add(st->counter, (uint64_t)bytes);
+        memset(r->base, 0, bytes); /* faulted in here, not on the first read's path */
+        if (r->counter)
+            atomic_fetch_add(r->counter, (uint64_t)bytes);
     }
-    return st->base;
+    return r->base;
 }
 
-void ferry__io_relay_free(ferry__iorelay *st)
+void ferry__io_relay_free(ferry__iorelay *r)
 {
-    if (st->base) {
-        ferry__sys_munmap(st->base, st->len);
-        if (st->counter)
-            atomic_fetch_sub(st->counter, (uint64_t)st->len);
+    if (r->base) {
+        ferry__sys_munmap(r->base, r->len);
+        if (r->counter)
+            atomic_fetch_sub(r->counter, (uint64_t)r->len);
     }
-    st->base = NULL;
+    r->base = NULL;
 }
 
 void ferry__io_relay_copy(void *dst, const void *src, size_t n)

@@ -197,7 +197,7 @@ static void thread_loop(ferry__io *io, unsigned char *bounce)
 {
     ferry__iochunk c;
     ferry__err err;
-    ferry__iorelay st = {.counter = &io->relay_bytes};
+    ferry__iorelay relay = {.counter = &io->relay_bytes};
     while (ferry__io_take(io, &c, 1) == 1) {
         err.code = 0;
         err.msg[0] = 0;
@@ -211,15 +211,15 @@ static void thread_loop(ferry__io *io, unsigned char *bounce)
                                                                               : FERRY_LOAD_DIRECT;
         unsigned char *slot = req->relay && mode == FERRY_LOAD_DIRECT && f->fd_direct >= 0 &&
                                       c.pos % FERRY__IO_ALIGN + n <= FERRY__IO_RELAY_PIECE &&
-                                      ferry__io_relay(&st, 1)
-                                  ? ferry__io_relay_slot(&st, 0) + c.pos % FERRY__IO_ALIGN
+                                      ferry__io_relay(&relay, 1)
+                                  ? ferry__io_relay_slot(&relay, 0) + c.pos % FERRY__IO_ALIGN
                                   : NULL;
         int r = ferry__io_read_range(f, c.pos, n, slot ? slot : dst, mode, bounce, &err);
         if (r == 0 && slot)
             ferry__io_relay_copy(dst, slot, (size_t)n);
         ferry__io_chunk_done(io, &c, r, err.msg);
     }
-    ferry__io_relay_free(&st);
+    ferry__io_relay_free(&relay);
 }
 
 static void *worker(void *arg)

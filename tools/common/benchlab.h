@@ -37,6 +37,7 @@ enum {
     BENCHLAB_OVERLAP_READ,  /* limit: the O_DIRECT read while the compute runs / alone */
     BENCHLAB_OVERLAP_COMPUTE, /* limit: the compute's speed while the O_DIRECT read runs / alone */
     BENCHLAB_FRESH_HUGE,    /* limit: GB/s, fresh memory in 2 MiB pages (M / 4 of it) */
+    BENCHLAB_DIRECT_RELAY,  /* limit: GB/s, O_DIRECT through relay slots (limits_relayed_read) */
     BENCHLAB_COLD_LIMIT,    /* limit: GB/s, a plain program's cold load (limits_first_pass, all
                                of M kept), the faster of small and huge pages */
     BENCHLAB_COUNT

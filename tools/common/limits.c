@@ -452,7 +452,10 @@ static double direct_run(const char *path, unsigned readers, uint64_t request, u
 typedef struct relay_job {
     int fd;
     uint64_t size, piece;
-    unsigned char *dst;      /* fresh memory of the file's size, small pages */
+    unsigned char *dst;      /* fresh memory of the file's size in small pages, or DST_LEN
+                                bytes of reused huge pages faulted in before the clock */
+    uint64_t dst_len;
+    int fresh;
     unsigned char *slots;    /* one slot of PIECE bytes a reader */
     _Atomic uint64_t next;   /* the next piece's offset */
     _Atomic int error;
@@ -487,16 +490,19 @@ static void *relay_main(void *arg)
             }
             got += (uint64_t)k;
         }
-        uint64_t lo = round_up(off, ALIGN), hi = (off + n) / ALIGN * ALIGN;
-        if (hi > lo)
+        uint64_t at = j->fresh ? off : off % j->dst_len;
+        uint64_t lo = round_up(at, ALIGN), hi = (at + n) / ALIGN * ALIGN;
+        if (j->fresh && hi > lo)
             (void)madvise(j->dst + lo, (size_t)(hi - lo), MADV_POPULATE_WRITE);
-        memcpy(j->dst + off, slot, (size_t)n);
+        memcpy(j->dst + at, slot, (size_t)n);
     }
     r->t1 = ferry_now();
     return NULL;
 }
 
-double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, double *seconds)
+/* limits_relayed_load (FRESH) and limits_relayed_read. */
+static double relay_run(const char *path, unsigned readers, uint64_t piece, int fresh,
+                        double *seconds)
 {
     if (seconds)
         *seconds = 0;
@@ -518,26 +524,32 @@ double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, d
     job.piece = piece;
     const size_t huge = (size_t)2 << 20;
     size_t slots_len = (size_t)round_up((uint64_t)readers * piece, huge);
-    size_t dst_len = (size_t)round_up(size, ALIGN);
+    /* the reused destination: LIMITS_DIRECT_DEST bytes, whole pieces, or the file's size */
+    uint64_t reuse = round_up(LIMITS_DIRECT_DEST, piece);
+    size_t dst_len = (size_t)round_up(fresh || size < reuse ? size : reuse, ALIGN);
     unsigned char *sm = mmap(NULL, slots_len + huge, PROT_READ | PROT_WRITE,
                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    unsigned char *dm = mmap(NULL, dst_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                             -1, 0);
+    unsigned char *dm = mmap(NULL, dst_len + huge, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (sm == MAP_FAILED || dm == MAP_FAILED) {
         if (sm != MAP_FAILED)
             munmap(sm, slots_len + huge);
         if (dm != MAP_FAILED)
-            munmap(dm, dst_len);
+            munmap(dm, dst_len + huge);
         close(job.fd);
         return FERRY_ENOMEM;
     }
     job.slots = sm + (huge - (uintptr_t)sm % huge) % huge;
+    job.dst = dm + (huge - (uintptr_t)dm % huge) % huge;
+    job.dst_len = dst_len;
+    job.fresh = fresh;
 #if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
     (void)madvise(job.slots, slots_len, MADV_HUGEPAGE);
-    (void)madvise(dm, dst_len, MADV_NOHUGEPAGE);
+    (void)madvise(job.dst, dst_len, fresh ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
 #endif
     memset(job.slots, 0, slots_len);
-    job.dst = dm;
+    if (!fresh)
+        memset(job.dst, 0, dst_len);
     atomic_init(&job.next, 0);
     atomic_init(&job.error, 0);
     gate_init(&job.start);
@@ -561,7 +573,7 @@ double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, d
     gate_destroy(&job.start);
     close(job.fd);
     munmap(sm, slots_len + huge);
-    munmap(dm, dst_len);
+    munmap(dm, dst_len + huge);
     int err = atomic_load(&job.error);
     if (err)
         return err;
@@ -570,6 +582,16 @@ double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, d
     if (seconds)
         *seconds = t1 - t0;
     return (double)size / (t1 - t0) / 1e9;
+}
+
+double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, double *seconds)
+{
+    return relay_run(path, readers, piece, 1, seconds);
+}
+
+double limits_relayed_read(const char *path, unsigned readers, uint64_t piece)
+{
+    return relay_run(path, readers, piece, 0, NULL);
 }
 
 double limits_direct_read_best(const char *path, const unsigned *readers, size_t nr,

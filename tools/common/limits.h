@@ -68,6 +68,12 @@ double limits_first_pass(const char *path, uint64_t keep, unsigned readers, uint
  * ready to the last copy's end; returns GB/s of the file, and *SECONDS (may be NULL) the time. */
 double limits_relayed_load(const char *path, unsigned readers, uint64_t piece, double *seconds);
 
+/* The disk's other O_DIRECT limit: as limits_relayed_load, but each piece copied to its place in
+ * a reused destination of LIMITS_DIRECT_DEST bytes (the file's size where that is less), in 2 MiB
+ * pages faulted in before the clock, as a stream's buffers are; GB/s of the file. On a VM whose
+ * disk the host emulates this read faster than any straight O_DIRECT read (bench/README.md). */
+double limits_relayed_read(const char *path, unsigned readers, uint64_t piece);
+
 /* Cold buffered read of the whole of PATH: dropped from the page cache (POSIX_FADV_DONTNEED),
  * then pread on one thread into one reused buffer of REQUEST bytes (0: 64 MiB). What the page
  * cache's own readahead delivers with no destination cost: the other disk limit. */
