@@ -514,11 +514,16 @@ static int run_direct_before(benchlab *b)
 #define RELAY_READERS 16u
 
 /* The disk's other limit: O_DIRECT through relay slots into a reused destination
- * (limits_relayed_read, RELAY_READERS readers of 512 KiB), right after the sweep. */
+ * (limits_relayed_read, RELAY_READERS readers of 512 KiB), right after an O_DIRECT read with the
+ * best pair; its gain over that read scales every later O_DIRECT read, which tracks the disk's
+ * drift (benchlab_disk). */
 static int run_relay(benchlab *b)
 {
     if (b->no_direct)
         return 0;
+    double d = direct_best_read(b);
+    if (d <= 0)
+        return cli_error("%s: O_DIRECT read failed", b->path);
     double secs = 0;
     for (size_t i = 0; i < b->n_files; i++) {
         double g = limits_relayed_read(b->files[i], RELAY_READERS, 0);
@@ -527,8 +532,16 @@ static int run_relay(benchlab *b)
                              ferry_strerror(g < 0 ? (int)g : FERRY_EIO));
         secs += (double)b->file_sizes[i] / (g * 1e9);
     }
-    put(b, BENCHLAB_DIRECT_RELAY, (double)b->file_bytes / secs / 1e9);
+    double g = (double)b->file_bytes / secs / 1e9;
+    put(b, BENCHLAB_DIRECT_RELAY, g);
+    put(b, BENCHLAB_RELAY_GAIN, g / d);
     return 0;
+}
+
+double benchlab_disk(const benchlab *b, double direct)
+{
+    double gain = b->med[BENCHLAB_RELAY_GAIN];
+    return gain > 1 ? direct * gain : direct;
 }
 
 /* What a cold load asks of the machine, done by a plain program: the O_DIRECT read of every file
@@ -1022,10 +1035,9 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     r->limit_med = r->device ? 0 : median(r->limit + 1, r->passes - 1);
     /* the disk's rate: the O_DIRECT read between the passes, or the read through relay slots
      * where that was faster (benchlab_disk_rate) */
-    double relay = b->med[BENCHLAB_DIRECT_RELAY];
     double rate = r->device ? b->device_bw
-                            : fmax(r->limit_med > 0 ? r->limit_med : b->med[BENCHLAB_DIRECT],
-                                   relay) * 1e9;
+                            : benchlab_disk(b, r->limit_med > 0 ? r->limit_med
+                                                                : b->med[BENCHLAB_DIRECT]) * 1e9;
     r->transfer_s = rate > 0 ? (double)r->optimal / rate : 0;
     r->compute_s = r->computes ? b->med[BENCHLAB_COMPUTE] : 0;
     r->bound = r->transfer_s > r->compute_s ? r->transfer_s : r->compute_s;
@@ -1048,8 +1060,8 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     r->passes_per_second = r->seconds_med > 0 ? 1 / r->seconds_med : 0;
     /* the first pass reads all of M (nothing is cached yet), in file order */
     double rate0 = r->device ? b->device_bw
-                             : fmax(r->limit[0] > 0 ? r->limit[0] : b->med[BENCHLAB_DIRECT],
-                                    relay) * 1e9;
+                             : benchlab_disk(b, r->limit[0] > 0 ? r->limit[0]
+                                                                : b->med[BENCHLAB_DIRECT]) * 1e9;
     double t0 = rate0 > 0 ? (double)b->model / rate0 : 0;
     r->first_seconds = r->seconds[0];
     r->first_bound = t0 > r->compute_s ? t0 : r->compute_s;
@@ -1064,7 +1076,8 @@ static void judge_stream(benchlab *b, benchlab_stream *r)
     double machine = r->first_bound > r->first_limit_s ? r->first_bound : r->first_limit_s;
     r->first_machine_efficiency = r->first_seconds > 0 ? machine / r->first_seconds : 0;
     if (r->capped && !r->device) {
-        double rate = fmax(r->limit_med > 0 ? r->limit_med : b->med[BENCHLAB_DIRECT], relay) * 1e9;
+        double rate =
+            benchlab_disk(b, r->limit_med > 0 ? r->limit_med : b->med[BENCHLAB_DIRECT]) * 1e9;
         uint64_t streamed = b->model > r->budget ? b->model - r->budget : 0;
         r->target_passes_per_second = streamed ? 0.8 * rate / (double)streamed : 0;
     }

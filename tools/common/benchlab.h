@@ -38,6 +38,7 @@ enum {
     BENCHLAB_OVERLAP_COMPUTE, /* limit: the compute's speed while the O_DIRECT read runs / alone */
     BENCHLAB_FRESH_HUGE,    /* limit: GB/s, fresh memory in 2 MiB pages (M / 4 of it) */
     BENCHLAB_DIRECT_RELAY,  /* limit: GB/s, O_DIRECT through relay slots (limits_relayed_read) */
+    BENCHLAB_RELAY_GAIN,    /* limit: that read / the O_DIRECT read right before it */
     BENCHLAB_COLD_LIMIT,    /* limit: GB/s, a plain program's cold load (limits_first_pass, all
                                of M kept), the faster of small and huge pages */
     BENCHLAB_COUNT
@@ -204,6 +205,11 @@ int benchlab_spec_bandwidth(const char *spec, double *bw);
  * the device's free memory where that is less) from pinned host memory (the device's host_alloc;
  * plain memory where it has none), two in flight, the best of 3. 0, or -1 with WHY filled when the device cannot be opened or the copies fail. */
 int benchlab_link_bandwidth(const char *spec, double *bw, char *why, size_t why_len);
+
+/* The disk's limit where an O_DIRECT read measured DIRECT GB/s: that read, or, where the read
+ * through relay slots was faster (its median gain over the O_DIRECT read right before it, after
+ * the runs), DIRECT times that gain. Every bound of the bench reads the disk at this rate. */
+double benchlab_disk(const benchlab *b, double direct);
 
 /* The 1-minute load average ("0.42", "?" when unknown) into BUF. */
 void benchlab_load_average(char *buf, size_t cap);
