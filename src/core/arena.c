@@ -14,7 +14,7 @@
  * fresh huge pages are dear (the host takes free 2 MiB blocks back) the arena stays in 4 KiB
  * pages, and there the manager relays its reads (ferry__relay_init; io.h, `relay`): each 512 KiB
  * lands in a worker's small reused huge-page slot and is copied to its place, which read a cold
- * 2 GiB model at 2.0-2.4 GB/s against 1.6-1.8 straight into the arena (Dec 5 2026,
+ * 2 GiB model at 2.26-2.55 GB/s against 1.77-1.81 straight into the arena (Dec 5 2026,
  * bench/README.md).
  *
  * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold

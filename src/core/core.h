@@ -443,8 +443,8 @@ int64_t ferry__layer_of(const char *name);
 void ferry__cold_init(ferry *f);
 /* Sets f->relay, for the manager's life: FERRY_IO_RELAY=0 or 1 where set, else 1 where fresh
  * huge pages are dear (ferry__host_huge_pages_dear: a VM reporting free memory to its host, whose
- * disk its host emulates; relayed reads measured 1.2-1.4 times the straight ones there, into small
- * pages and huge ones alike, bench/README.md), else 0 (no machine measured faster relayed). */
+ * disk its host emulates; relayed reads measured 1.1-1.5 times the straight ones there, into small
+ * pages and huge ones alike, bench/README.md), else 0 (no other machine measured). */
 void ferry__relay_init(ferry *f);
 /* Decides, once per manager, how load AUTO brings in the bytes the page cache does not hold, from
  * the tensors SET[0..N) of a group load or a prepare bound to AUTO private copies: when they, or

@@ -118,7 +118,7 @@ typedef struct ferry__ioreq {
      * reused until the pool is destroyed: one per chunk a worker keeps in flight (8 with
      * io_uring, 1 with threads), 16 MiB for a pool of 4 io_uring workers, in 2 MiB pages. On a VM
      * whose disk its host emulates (the host copies the data into guest memory), a read into a
-     * few small buffers used again and again ran 1.2-1.4 times as fast as one straight into the
+     * few small buffers used again and again ran 1.1-1.5 times as fast as one straight into the
      * destination, whether that lay in fresh 4 KiB pages (where a direct read is also cut into
      * device requests of one segment per physically separate page, 254 a request on virtio) or in
      * huge pages used before (bench/README.md has the figures). Buffered chunks, and a worker
