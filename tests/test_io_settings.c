@@ -32,6 +32,28 @@ static ferry_io_settings settings(uint32_t threads, uint64_t request)
     return s;
 }
 
+/* PASSES passes over TS[0..N), each tensor prepared, compared with the file and released: 1
+ * when every one held the file's bytes (TS NULL: 0). */
+static int same_in_passes(ferry *f, ferry_tensor **ts, size_t n, int passes)
+{
+    int ok = ts != NULL;
+    for (int pass = 0; pass < passes && ts; pass++)
+        for (size_t i = 0; i < n; i++) {
+            ok &= ferry_prepare(f, &ts[i], 1) == 0;
+            ok &= fixture_same_as_file(f, ts[i]);
+            ferry_release(f, &ts[i], 1);
+        }
+    return ok;
+}
+
+/* Bytes of relay slots F's I/O workers hold. */
+static uint64_t relay_slots(const ferry *f)
+{
+    ferry_io_settings s;
+    CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
+    return s.relay_bytes;
+}
+
 /* With FERRY_IO_RELAY=RELAY: the model at PATH (tensors of several MiB) streamed from home disk
  * under a small host budget, twice, then loaded as a group to home host, reads the file's bytes;
  * relay slots exist exactly when reads are relayed and the file takes O_DIRECT. */
@@ -48,20 +70,9 @@ static void relayed_reads(const char *path, const char *relay)
     size_t n = 0;
     ferry_tensor **ts = fixture_open_all(f, path, &p, &n);
     CHECK(ts != NULL && n > 0);
-    int ok = 1;
-    for (int pass = 0; pass < 2 && ts; pass++)
-        for (size_t i = 0; i < n; i++) {
-            ok &= ferry_prepare(f, &ts[i], 1) == 0;
-            ok &= fixture_same_as_file(f, ts[i]);
-            ferry_release(f, &ts[i], 1);
-        }
-    CHECK(ok);
-    ferry_io_settings s;
-    CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
-    if (strcmp(relay, "1") == 0 && direct)
-        CHECK(s.relay_bytes > 0);
-    else
-        CHECK_EQ_INT(s.relay_bytes, 0);
+    int relayed = strcmp(relay, "1") == 0 && direct;
+    CHECK(same_in_passes(f, ts, n, 2));
+    CHECK_EQ_INT(relay_slots(f) > 0, relayed);
     free(ts);
     ferry_destroy(f);
 
@@ -70,18 +81,8 @@ static void relayed_reads(const char *path, const char *relay)
     ts = fixture_open_all(f, path, &p, &n);
     CHECK(ts != NULL && n > 0);
     CHECK_EQ_INT(ferry_load_group(f, "all"), 0);
-    ok = 1;
-    for (size_t i = 0; ts && i < n; i++) {
-        ok &= ferry_prepare(f, &ts[i], 1) == 0;
-        ok &= fixture_same_as_file(f, ts[i]);
-        ferry_release(f, &ts[i], 1);
-    }
-    CHECK(ok);
-    CHECK_EQ_INT(ferry_get_io_settings(f, &s), 0);
-    if (strcmp(relay, "1") == 0 && direct)
-        CHECK(s.relay_bytes > 0);
-    else
-        CHECK_EQ_INT(s.relay_bytes, 0);
+    CHECK(same_in_passes(f, ts, n, 1));
+    CHECK_EQ_INT(relay_slots(f) > 0, relayed);
     free(ts);
     ferry_destroy(f);
     unsetenv("FERRY_IO_RELAY");
@@ -125,14 +126,7 @@ int main(void)
     size_t n = 0;
     ferry_tensor **ts = fixture_open_all(f, path, &p, &n);
     CHECK(ts != NULL && n > 0);
-    int ok = 1;
-    for (int pass = 0; pass < 2 && ts; pass++)
-        for (size_t i = 0; i < n; i++) {
-            ok &= ferry_prepare(f, &ts[i], 1) == 0;
-            ok &= fixture_same_as_file(f, ts[i]);
-            ferry_release(f, &ts[i], 1);
-        }
-    CHECK(ok);
+    CHECK(same_in_passes(f, ts, n, 2));
     free(ts);
     ferry_destroy(f);
 

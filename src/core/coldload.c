@@ -86,6 +86,27 @@ double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
     return (double)step / sorted[n > FERRY__COLD_SLOW_STEPS ? n - FERRY__COLD_SLOW_STEPS : n - 1];
 }
 
+/* LEN bytes of fresh anonymous memory, 2 MiB-aligned, not yet touched: the aligned start, the
+ * mapping to unmap in *MAP, *MAPLEN; NULL when it cannot be mapped. */
+static unsigned char *probe_buffer(uint64_t len, void **map, size_t *maplen)
+{
+    *maplen = (size_t)(len + FERRY__HUGE_PAGE);
+    *map = mmap(NULL, *maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED)
+        return NULL;
+    return (unsigned char *)(((uintptr_t)*map + FERRY__HUGE_PAGE - 1) &
+                             ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
+}
+
+/* Faults in the N bytes at P (MADV_POPULATE_WRITE, else a write of every byte): seconds. */
+static double fault_step(unsigned char *p, size_t n)
+{
+    double s0 = ferry__now();
+    if (madvise(p, n, MADV_POPULATE_WRITE) != 0)
+        memset(p, 0, n);
+    return ferry__now() - s0;
+}
+
 /* The private probe where huge pages are cheap: faults in LEN fresh bytes in 2 MiB pages, in 2 MiB
  * steps, each timed (rated by ferry__cold_fault_rate), and reads [OFF, OFF+LEN) of FILE into them
  * with O_DIRECT, as the arena does there. The fault rate goes to *FAULT_GBPS; returns the slower
@@ -94,12 +115,11 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
                             double *fault_gbps)
 {
     *fault_gbps = 0;
-    size_t maplen = (size_t)(len + FERRY__HUGE_PAGE);
-    void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
+    void *m;
+    size_t maplen;
+    unsigned char *buf = probe_buffer(len, &m, &maplen);
+    if (!buf)
         return 0;
-    unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
-                                           ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
 #ifdef MADV_HUGEPAGE
     (void)madvise(buf, (size_t)len, MADV_HUGEPAGE);
 #endif
@@ -107,10 +127,7 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     size_t n = 0;
     for (uint64_t at = 0; at < len && n < FERRY__COLD_STEPS_MAX; at += FERRY__HUGE_PAGE, n++) {
         size_t part = (size_t)(len - at < FERRY__HUGE_PAGE ? len - at : FERRY__HUGE_PAGE);
-        double s0 = ferry__now();
-        if (madvise(buf + at, part, MADV_POPULATE_WRITE) != 0)
-            memset(buf + at, 0, part);
-        steps[n] = ferry__now() - s0;
+        steps[n] = fault_step(buf + at, part);
     }
     /* the last step may be short: rated by the whole steps only, where there are any */
     size_t whole = len % FERRY__HUGE_PAGE && n > 1 ? n - 1 : n;
@@ -204,12 +221,11 @@ static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uin
     *read_gbps = *fault_gbps = 0;
     uint64_t at0 = (len + FERRY__HUGE_PAGE - 1) & ~(FERRY__HUGE_PAGE - 1);
     uint64_t total = at0 + PROBE_FAULT_SMALL;
-    size_t maplen = (size_t)(total + FERRY__HUGE_PAGE);
-    void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
+    void *m;
+    size_t maplen;
+    unsigned char *buf = probe_buffer(total, &m, &maplen);
+    if (!buf)
         return 0;
-    unsigned char *buf = (unsigned char *)(((uintptr_t)m + FERRY__HUGE_PAGE - 1) &
-                                           ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
     ferry__host_small_pages(buf, total);
     ferry__err e[1];
     ferry__err_clear(e);
@@ -223,10 +239,7 @@ static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uin
     for (uint64_t at = at0; read > 0 && at < total && n < FERRY__COLD_STEPS_MAX &&
                             slow < FERRY__COLD_SLOW_STEPS;
          at += FERRY__HUGE_PAGE, n++) {
-        double s0 = ferry__now();
-        if (madvise(buf + at, (size_t)FERRY__HUGE_PAGE, MADV_POPULATE_WRITE) != 0)
-            memset(buf + at, 0, (size_t)FERRY__HUGE_PAGE);
-        steps[n] = ferry__now() - s0;
+        steps[n] = fault_step(buf + at, (size_t)FERRY__HUGE_PAGE);
         slow += steps[n] * below > (double)FERRY__HUGE_PAGE;
     }
     munmap(m, maplen);
