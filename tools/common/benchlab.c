@@ -510,7 +510,8 @@ static int run_direct_before(benchlab *b)
 }
 
 /* Readers of the plain programs that read through relay slots, 512 KiB each: 16 to 32 of them
- * read fastest of 4 to 32 on the development VM (bench/README.md, Dec 5 2026). */
+ * read fastest of 4 to 32 on a 2-core VM whose disk its host emulates (bench/README.md, Dec 5
+ * 2026). */
 #define RELAY_READERS 16u
 
 /* The disk's other limit: O_DIRECT through relay slots into a reused destination
