@@ -12,10 +12,10 @@
  * (MADV_POPULATE_WRITE, which never changes a byte) ahead of the reads. The reads then go into
  * pages that are already there and mostly huge, and the disk sees one sequential stream. Where
  * fresh huge pages are dear (the host takes free 2 MiB blocks back) the arena stays in 4 KiB
- * pages, and there the manager relays its reads (ferry__relay_init; io.h, `relay`): each 512 KiB
+ * pages, and there the manager relays its reads (f->relay; io.h, `relay`): each 512 KiB
  * lands in a worker's small reused huge-page slot and is copied to its place, which read a cold
- * 2 GiB model at 2.26-2.55 GB/s against 1.77-1.81 straight into the arena (Dec 5 2026,
- * bench/README.md).
+ * 2 GiB model at 1.99-2.35 GB/s against 1.77-1.81 straight into the arena, alternating (Dec 5
+ * 2026, bench/README.md).
  *
  * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold
  * cache (bench/load_bench --only ferry-direct, alternating with a standalone reader and a plain

@@ -86,18 +86,6 @@ double ferry__cold_slow_rate(const double *secs, size_t n, uint64_t step)
     return (double)step / sorted[n > FERRY__COLD_SLOW_STEPS ? n - FERRY__COLD_SLOW_STEPS : n - 1];
 }
 
-/* LEN bytes of fresh anonymous memory, 2 MiB-aligned, not yet touched: the aligned start, the
- * mapping to unmap in *MAP, *MAPLEN; NULL when it cannot be mapped. */
-static unsigned char *probe_buffer(uint64_t len, void **map, size_t *maplen)
-{
-    *maplen = (size_t)(len + FERRY__HUGE_PAGE);
-    *map = mmap(NULL, *maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (*map == MAP_FAILED)
-        return NULL;
-    return (unsigned char *)(((uintptr_t)*map + FERRY__HUGE_PAGE - 1) &
-                             ~(uintptr_t)(FERRY__HUGE_PAGE - 1));
-}
-
 /* Faults in the N bytes at P (MADV_POPULATE_WRITE, else a write of every byte): seconds. */
 static double fault_step(unsigned char *p, size_t n)
 {
@@ -115,9 +103,7 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
                             double *fault_gbps)
 {
     *fault_gbps = 0;
-    void *m;
-    size_t maplen;
-    unsigned char *buf = probe_buffer(len, &m, &maplen);
+    unsigned char *buf = ferry__map_aligned(len, FERRY__HUGE_PAGE, mmap, munmap);
     if (!buf)
         return 0;
 #ifdef MADV_HUGEPAGE
@@ -138,7 +124,7 @@ static double probe_private(ferry *f, const ferry__iofile *file, uint64_t off, u
     ferry__err_clear(e);
     int rc = ferry__read_at(f->io, file, off, len, buf, FERRY_LOAD_DIRECT, 0, e);
     double t2 = ferry__now();
-    munmap(m, maplen);
+    munmap(buf, (size_t)len);
     double read = t2 > t1 ? (double)len / (t2 - t1) : 0;
     double slower = rate < read ? rate : read;
     if (rc || slower <= 0)
@@ -210,8 +196,9 @@ static double probe_map(const ferry__iofile *file, uint64_t off, uint64_t len, u
 
 
 /* The private probe where the host takes free 2 MiB blocks back: reads [OFF, OFF+LEN) of FILE
- * with O_DIRECT into fresh small pages as the arena does there (relayed where F relays), then faults up to PROBE_FAULT_SMALL more of them in 2 MiB steps, each timed, ending
- * early once FERRY__COLD_SLOW_STEPS steps ran below FERRY__COLD_FAULT_OVER_FILL times the read.
+ * with O_DIRECT into fresh small pages as the arena does there (relayed where F relays), then
+ * faults up to PROBE_FAULT_SMALL more of them in 2 MiB steps, each timed, ending early once
+ * FERRY__COLD_SLOW_STEPS steps ran below FERRY__COLD_FAULT_OVER_FILL times the read.
  * The read comes first: it takes the pages freed a moment ago, which fault in fastest, and the
  * steps rate the memory a whole load meets (ferry__cold_slow_rate). *READ_GBPS and *FAULT_GBPS
  * get the two rates; returns the slower, GB/s, or 0 when it could not run. */
@@ -221,9 +208,7 @@ static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uin
     *read_gbps = *fault_gbps = 0;
     uint64_t at0 = (len + FERRY__HUGE_PAGE - 1) & ~(FERRY__HUGE_PAGE - 1);
     uint64_t total = at0 + PROBE_FAULT_SMALL;
-    void *m;
-    size_t maplen;
-    unsigned char *buf = probe_buffer(total, &m, &maplen);
+    unsigned char *buf = ferry__map_aligned(total, FERRY__HUGE_PAGE, mmap, munmap);
     if (!buf)
         return 0;
     ferry__host_small_pages(buf, total);
@@ -242,7 +227,7 @@ static double probe_small(ferry *f, const ferry__iofile *file, uint64_t off, uin
         steps[n] = fault_step(buf + at, (size_t)FERRY__HUGE_PAGE);
         slow += steps[n] * below > (double)FERRY__HUGE_PAGE;
     }
-    munmap(m, maplen);
+    munmap(buf, (size_t)total);
     double rate = n ? ferry__cold_slow_rate(steps, n, FERRY__HUGE_PAGE) : 0;
     if (read <= 0 || rate <= 0)
         return 0;
@@ -323,12 +308,6 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
     else
         f->cold.map = pm >= FERRY__COLD_MAP_TIE * pp;
     return 1;
-}
-
-void ferry__relay_init(ferry *f)
-{
-    const char *env = getenv("FERRY_IO_RELAY");
-    f->relay = env && *env ? strcmp(env, "0") != 0 : ferry__host_huge_pages_dear();
 }
 
 void ferry__cold_init(ferry *f)

@@ -409,8 +409,8 @@ struct ferry {
         int decided, map, forced, dear;
         double map_gbps, private_gbps, fault_gbps, read_gbps;
     } cold;
-    int relay;                /* large direct reads into host memory are relayed (io.h, `relay`):
-                                 ferry__relay_init's rule, set at create */
+    int relay;                /* large direct reads into host memory are relayed (io.h, `relay`),
+                                 decided at create (manager.c) */
     ferry_stats stats;        /* counters (prepare.c, memory.c); resident/peak filled from devs
                                  on read */
     /* Counters updated without the lock (atomics) by jobs.c, prepare.c and tensor.c, merged into
@@ -441,11 +441,7 @@ int64_t ferry__layer_of(const char *name);
 /* coldload.c */
 /* FERRY_AUTO_COLD=map|private, read when F is created: decided for the manager's life. */
 void ferry__cold_init(ferry *f);
-/* Sets f->relay, for the manager's life: FERRY_IO_RELAY=0 or 1 where set, else 1 where fresh
- * huge pages are dear (ferry__host_huge_pages_dear: a VM reporting free memory to its host, whose
- * disk its host emulates; relayed reads measured 1.1-1.5 times the straight ones there, into small
- * pages and huge ones alike, bench/README.md), else 0 (no other machine measured). */
-void ferry__relay_init(ferry *f);
+
 /* Decides, once per manager, how load AUTO brings in the bytes the page cache does not hold, from
  * the tensors SET[0..N) of a group load or a prepare bound to AUTO private copies: when they, or
  * the file holding the largest of them, make at least FERRY__COLD_PROBE_MIN bytes (or

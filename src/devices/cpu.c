@@ -71,16 +71,8 @@ static void *map_block(uint64_t len)
     if (len < huge || len > SIZE_MAX - huge)
         return mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
                     0);
-    unsigned char *m = mmap(NULL, (size_t)(len + huge), PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return MAP_FAILED;
-    uint64_t head = (huge - (uintptr_t)m % huge) % huge;
-    if (head)
-        munmap(m, (size_t)head);
-    if (huge - head)
-        munmap(m + head + len, (size_t)(huge - head));
-    return m + head;
+    void *p = ferry__map_aligned(len, huge, mmap, munmap);
+    return p ? p : MAP_FAILED;
 }
 
 void ferry__cpu_set_reuse(ferry_device *d, int reuse)

@@ -22,6 +22,14 @@ int ferry__sys_munmap(void *addr, size_t len);
 /* AUTO copies a chunk from the mapping when at least this fraction of its pages is resident. */
 #define FERRY__IO_AUTO_CACHED 0.5
 
+/* How AUTO reads [OFF, OFF+LEN) of F: buffered (READ) when it is mostly in the page cache, else
+ * DIRECT. */
+static inline ferry_load ferry__io_auto_mode(const ferry__iofile *f, uint64_t off, uint64_t len)
+{
+    return ferry__iofile_cached(f, off, len) >= FERRY__IO_AUTO_CACHED ? FERRY_LOAD_READ
+                                                                      : FERRY_LOAD_DIRECT;
+}
+
 /* The most bytes one pread asks for: a multiple of FERRY__IO_ALIGN below Linux's 2 GiB - 4 KiB
  * cap on a single read. */
 #define FERRY__IO_MAX_SYSCALL (UINT64_C(1) << 30)

@@ -70,21 +70,12 @@ unsigned char *ferry__io_relay(ferry__iorelay *r, unsigned n)
     if (!r->base && !r->failed) {
         /* in 2 MiB pages where the kernel gives them: a device request into 4 KiB pages is
          * slower per byte on a VM's disk even into memory that is there (bench/README.md) */
-        const size_t huge = (size_t)2 << 20;
         size_t bytes = (size_t)n * FERRY__IO_RELAY_PIECE;
-        unsigned char *m = n ? ferry__sys_mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE,
-                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                             : MAP_FAILED;
-        if (m == MAP_FAILED) {
+        r->base = ferry__map_aligned(bytes, UINT64_C(2) << 20, ferry__sys_mmap, ferry__sys_munmap);
+        if (!r->base) {
             r->failed = 1;
             return NULL;
         }
-        size_t head = (huge - (uintptr_t)m % huge) % huge;
-        if (head)
-            ferry__sys_munmap(m, head);
-        if (huge - head)
-            ferry__sys_munmap(m + head + bytes, huge - head);
-        r->base = m + head;
         r->len = bytes;
 #ifdef MADV_HUGEPAGE
         (void)madvise(r->base, bytes, MADV_HUGEPAGE);

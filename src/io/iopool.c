@@ -207,8 +207,7 @@ static void thread_loop(ferry__io *io, unsigned char *bounce)
         unsigned char *dst = (unsigned char *)req->dst + (c.pos - req->offset);
         ferry_load mode = req->mode;
         if (mode == FERRY_LOAD_AUTO && req->relay)
-            mode = ferry__iofile_cached(f, c.pos, n) >= FERRY__IO_AUTO_CACHED ? FERRY_LOAD_READ
-                                                                              : FERRY_LOAD_DIRECT;
+            mode = ferry__io_auto_mode(f, c.pos, n);
         unsigned char *slot = req->relay && mode == FERRY_LOAD_DIRECT && f->fd_direct >= 0 &&
                                       c.pos % FERRY__IO_ALIGN + n <= FERRY__IO_RELAY_PIECE &&
                                       ferry__io_relay(&relay, 1)

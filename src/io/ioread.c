@@ -173,7 +173,7 @@ int ferry__io_read_range(const ferry__iofile *f, uint64_t off, uint64_t len, uns
     for (uint64_t pos = off; pos < end;) {
         uint64_t next = ferry__io_chunk_end(off, end, pos, FERRY__IO_CHUNK);
         int r;
-        if (ferry__iofile_cached(f, pos, next - pos) >= FERRY__IO_AUTO_CACHED) {
+        if (ferry__io_auto_mode(f, pos, next - pos) == FERRY_LOAD_READ) {
             r = pread_full(f, f->fd, dst + (pos - off), next - pos, pos, e);
         } else {
             r = read_direct(f, pos, next - pos, dst + (pos - off), bounce, e);

@@ -287,9 +287,7 @@ static void start(const ferry__ioqueue *q, ferry__uring *u, const ferry__iochunk
     /* AUTO: cached data through a buffered read (a memcpy from the mapping would fault every
      * page into this process and keep it in its resident set), the rest with O_DIRECT. */
     if (mode == FERRY_LOAD_AUTO)
-        mode = ferry__iofile_cached(f, pos, end - pos) >= FERRY__IO_AUTO_CACHED
-                   ? FERRY_LOAD_READ
-                   : FERRY_LOAD_DIRECT;
+        mode = ferry__io_auto_mode(f, pos, end - pos);
     if (mode == FERRY_LOAD_MMAP)
         mode = FERRY_LOAD_READ; /* ioread.c says why: never a copy out of the mapping */
 

@@ -10,7 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
+
+void *ferry__map_aligned(uint64_t len, uint64_t align,
+                         void *(*mmap_fn)(void *, size_t, int, int, int, off_t),
+                         int (*munmap_fn)(void *, size_t))
+{
+    if (!len || len > SIZE_MAX - align)
+        return NULL;
+    unsigned char *m = mmap_fn(NULL, (size_t)(len + align), PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint64_t head = (align - (uintptr_t)m % align) % align;
+    if (head)
+        munmap_fn(m, (size_t)head);
+    if (align - head)
+        munmap_fn(m + head + len, (size_t)(align - head));
+    return m + head;
+}
 
 int ferry__fail(ferry__err *e, int code, const char *fmt, ...)
 {

@@ -7,6 +7,7 @@
 #ifndef FERRY_UTIL_H
 #define FERRY_UTIL_H
 
+#include <sys/types.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -120,6 +121,14 @@ static inline uint64_t ferry__le64(const unsigned char *p)
 #define FERRY__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FERRY__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define FERRY__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* An anonymous read-write mapping of LEN bytes starting on an ALIGN boundary (a power of two, a
+ * multiple of the page size): LEN + ALIGN mapped through MMAP, the ends beyond [start, start +
+ * LEN) given back through MUNMAP, so that munmap(start, LEN) frees it all. MMAP and MUNMAP are
+ * mmap and munmap, or a seam standing for them (io's ferry__sys_mmap). NULL when MMAP fails. */
+void *ferry__map_aligned(uint64_t len, uint64_t align,
+                         void *(*mmap_fn)(void *, size_t, int, int, int, off_t),
+                         int (*munmap_fn)(void *, size_t));
 
 /* The allocation seam (alloc.c, ferry_fail_alloc): the library's own code allocates through
  * these. Building the library (FERRY__ALLOC_SEAM), the C library's names are redirected to them,
