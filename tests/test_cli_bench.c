@@ -237,6 +237,9 @@ static void test_json(const char *model_path)
                         : cl == 0 && !strcmp(cp->str, "none"));
     /* the read through relay slots is measured where O_DIRECT works, and only there */
     CHECK(direct_ok ? relayed > 0 && gain > 0 : relayed == 0 && gain == 0);
+    /* with the faster of 16 and 32 readers, which it names */
+    double relay_readers = jnum(jget(&doc, "direct_relayed_readers"));
+    CHECK(direct_ok ? relay_readers == 16 || relay_readers == 32 : relay_readers == 0);
     double cold_den = cl > 0 ? fmin(fmin(disk, fresh), cl) : fmin(disk, fresh);
     CHECK(fabs(cm - cold / cold_den) <= 1e-9 * cm);
     uint64_t model = (uint64_t)jnum(jget(&doc, "model_bytes"));

@@ -2,7 +2,8 @@
  * test_io_threads.c — the I/O worker pool: many requests of mixed sizes and modes in flight at
  * once, every byte checked; done called exactly once per request, on a worker thread; progress;
  * bytes_read; cancellation (deterministic with one worker, racing with four); destroy with work
- * queued; requests refused at submit; read errors reported through done, with their detail in
+ * queued; the same with half the requests relayed (the relay readers' queue beside the
+ * workers'); requests refused at submit; read errors reported through done, with their detail in
  * errmsg. Everything runs once per backend (FERRY_IO_BACKEND=threads, then uring: io_uring where
  * the build and the kernel allow it, else the same threads again).
  * Runs under TSan too ("thread" in the name).
@@ -139,8 +140,9 @@ static int job_data_ok(const job *j)
     return memcmp(d, pattern + j->req.offset, (size_t)j->req.len) == 0 && d[j->req.len] == 0x5A;
 }
 
-/* ~50 requests of mixed sizes and modes on 4 workers; every byte checked. */
-static void test_mixed(const ferry__iofile *f)
+/* ~50 requests of mixed sizes and modes on 4 workers, with RELAY every other one relayed (the
+ * relay readers' queue and the workers' served at once); every byte checked. */
+static void test_mixed(const ferry__iofile *f, int relay)
 {
     enum { N = 50 };
     job *jobs = calloc(N, sizeof *jobs);
@@ -165,11 +167,16 @@ static void test_mixed(const ferry__iofile *f)
             off = FILE_SIZE - len; /* ending exactly at the end */
         }
         CHECK(job_init(&jobs[i], &t, f, off, len, (ferry_load)(i % 4), i % 3 != 0) == 0);
+        jobs[i].req.relay = relay && i % 2;
         total += len;
     }
     for (int i = 0; i < N; i++)
         CHECK_EQ_INT(ferry__io_submit(io, &jobs[i].req), 0);
     tracker_wait(&t, N);
+    /* the relay readers' slots exist exactly when a request was relayed (a direct one, of a
+     * file that allows O_DIRECT) */
+    CHECK_EQ_INT(ferry__io_relay_bytes(io),
+                 relay && f->fd_direct >= 0 ? FERRY__IO_RELAY_READERS * FERRY__IO_RELAY_PIECE : 0);
     int bad = 0, calls = 0, on_main = 0;
     pthread_mutex_lock(&t.mu);
     for (int i = 0; i < N; i++) {
@@ -335,10 +342,11 @@ static void test_cancel_deterministic(const ferry__iofile *f)
     tracker_free(&t);
 }
 
-/* cancel_all (from the test thread) and destroy while requests are in flight on 4 workers: each
- * request completes exactly once, with 0 (and its data right) or FERRY_ECANCELED, by the time
- * the call returns. */
-static void test_cancel_racing(const ferry__iofile *f, int destroy)
+/* cancel_all (from the test thread) and destroy while requests are in flight on 4 workers, with
+ * RELAY every other one relayed (and those cancelled one by one first, ferry__io_cancel_req, when
+ * not destroying): each request completes exactly once, with 0 (and its data right) or
+ * FERRY_ECANCELED, by the time the call returns. */
+static void test_cancel_racing(const ferry__iofile *f, int destroy, int relay)
 {
     enum { N = 24 };
     job *jobs = calloc(N, sizeof *jobs);
@@ -350,6 +358,7 @@ static void test_cancel_racing(const ferry__iofile *f, int destroy)
         uint64_t len = (i % 4 == 0) ? 17 * MIB + 11 : MIB + (uint64_t)i * 1000;
         uint64_t off = rnd(FILE_SIZE - len + 1);
         CHECK(job_init(&jobs[i], &t, f, off, len, (ferry_load)(i % 4), i % 2) == 0);
+        jobs[i].req.relay = relay && i % 2;
     }
     /* cold reads take long enough for the cancel to find work queued (when the drop works) */
     ferry__iofile_drop_cache(f);
@@ -359,6 +368,8 @@ static void test_cancel_racing(const ferry__iofile *f, int destroy)
         ferry__io_destroy(io);
         io = NULL;
     } else {
+        for (int i = 1; relay && i < N; i += 2)
+            ferry__io_cancel_req(io, &jobs[i].req);
         ferry__io_cancel_all(io);
     }
     /* no waiting: everything must be complete already */
@@ -373,8 +384,8 @@ static void test_cancel_racing(const ferry__iofile *f, int destroy)
             cancelled += jobs[i].status == FERRY_ECANCELED;
     }
     pthread_mutex_unlock(&t.mu);
-    fprintf(stderr, "%s while in flight: %d completed, %d cancelled\n",
-            destroy ? "destroy" : "cancel_all", ok, cancelled);
+    fprintf(stderr, "%s while in flight%s: %d completed, %d cancelled\n",
+            destroy ? "destroy" : "cancel_all", relay ? " (half relayed)" : "", ok, cancelled);
     CHECK_EQ_INT(once, N);
     CHECK_EQ_INT(ok + cancelled, N);
     if (io) {
@@ -533,10 +544,12 @@ int main(void)
                                                                         : FERRY__IO_URING_DEPTH);
         ferry__io_destroy(io);
         fprintf(stderr, "---- FERRY_IO_BACKEND=%s: %s\n", backends[b][0], backends[b][1]);
-        test_mixed(&f);
+        for (int relay = 0; relay < 2; relay++) {
+            test_mixed(&f, relay);
+            test_cancel_racing(&f, 0, relay);
+            test_cancel_racing(&f, 1, relay);
+        }
         test_cancel_deterministic(&f);
-        test_cancel_racing(&f, 0);
-        test_cancel_racing(&f, 1);
         test_submit_errors(&f, dir);
     }
     unsetenv("FERRY_IO_BACKEND");

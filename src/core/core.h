@@ -591,6 +591,8 @@ typedef struct ferry__arena_load {
     pthread_cond_t c;
     size_t reads_left;
     uint64_t done_bytes;  /* bytes of the reads done (progress), under m */
+    int each_chunk;       /* the waiter reports progress: woken at every chunk, not only at the
+                             end of a read */
 } ferry__arena_load;
 /* The load mode and host copy size of T (its policy's), for ferry__arena_plan. */
 typedef void (*ferry__arena_span_fn)(const ferry_tensor *t, ferry_load *mode, uint64_t *bytes);

@@ -29,8 +29,11 @@
 #define FERRY__IO_CHUNK (UINT64_C(16) << 20) /* bytes per worker read, by default */
 #define FERRY__IO_CHUNK_MIN (UINT64_C(64) << 10)
 #define FERRY__IO_CHUNK_MAX (UINT64_C(1) << 30) /* io_uring's lengths are 32-bit */
-/* A relayed request's chunk: the bytes of one read into a worker's relay slot (see `relay`). */
+/* A relayed request's chunk: the bytes of one read into a relay reader's slot (see `relay`). */
 #define FERRY__IO_RELAY_PIECE (UINT64_C(512) << 10)
+/* The relay readers of a pool, and the alignment of their slots' one mapping (a huge page). */
+#define FERRY__IO_RELAY_READERS 32u
+#define FERRY__IO_RELAY_ALIGN (UINT64_C(2) << 20)
 
 /* A file open for reading. Never written: the mapping is PROT_READ, MAP_SHARED (iofile.c says why).
  * ferry itself never reads the mapping's bytes (every copy goes through pread on fd): a file
@@ -112,17 +115,20 @@ typedef struct ferry__ioreq {
     /* Optional: called with UD and the bytes of each chunk read successfully, on a worker, before
      * done (a long request's own progress). */
     void (*chunk_read)(void *ud, uint64_t bytes);
-    /* Optional: 1 reads the request's direct chunks (FERRY__IO_RELAY_PIECE bytes each) into the
-     * reading worker's own relay slots and copies each into DST as it lands, instead of
-     * reading straight into DST. The slots are allocated at a worker's first relayed chunk and
-     * reused until the pool is destroyed: one per chunk a worker keeps in flight (8 with
-     * io_uring, 1 with threads), 16 MiB for a pool of 4 io_uring workers, in 2 MiB pages. On a VM
-     * whose disk its host emulates (the host copies the data into guest memory), a read into a
-     * few small buffers used again and again ran 1.1-1.5 times as fast as one straight into the
+    /* Optional: 1 hands the request to the pool's relay readers, started at the first relayed
+     * request: FERRY__IO_RELAY_READERS threads, each reading one chunk of FERRY__IO_RELAY_PIECE
+     * bytes at a time with a blocking pread into a slot of its own, used again and again, and
+     * copying it to its place in DST (the place's pages faulted in first) once whole. The slots
+     * are 16 MiB in all, in 2 MiB pages, kept until the pool is destroyed. On a VM whose disk its
+     * host emulates (the host copies the data into guest memory), a read into a few small
+     * buffers used again and again ran 1.1-1.5 times as fast as one straight into the
      * destination, whether that lay in fresh 4 KiB pages (where a direct read is also cut into
-     * device requests of one segment per physically separate page, 254 a request on virtio) or in
-     * huge pages used before (bench/README.md has the figures). Buffered chunks, and a worker
-     * whose slots could not be allocated, read straight into DST. */
+     * device requests of one segment per physically separate page, 254 a request on virtio) or
+     * in huge pages used before; and 32 blocking readers each copying its own piece read fresh
+     * memory 1.2 times as fast as the io_uring workers relaying through slots of their own
+     * (bench/README.md has the figures). A chunk AUTO reads buffered, a file without O_DIRECT,
+     * and every chunk where the readers could not start (slots or threads refused) read
+     * straight into DST. */
     int relay;
     /* Written by the engine before done is called; read it in (or after) the done callback. On a
      * non-zero status: the detail of the chunk that failed first, e.g. "PATH: read of N bytes at
@@ -154,7 +160,7 @@ uint64_t ferry__io_set_chunk(ferry__io *io, uint64_t bytes);
 /* The chunk size set, and the number of workers. */
 uint64_t ferry__io_chunk(const ferry__io *io);
 unsigned ferry__io_threads(const ferry__io *io);
-/* Bytes of relay slots IO's workers hold now (io.h, `relay`): 0 until a relayed request ran. */
+/* Bytes of relay slots IO's relay readers hold now (`relay`): 0 until a relayed request came. */
 uint64_t ferry__io_relay_bytes(const ferry__io *io);
 /* "uring" or "threads": the backend IO's workers use (a static string). */
 const char *ferry__io_backend(const ferry__io *io);

@@ -64,30 +64,9 @@ static inline uint64_t ferry__io_chunk_count(uint64_t off, uint64_t len, uint64_
     return len ? (span + chunk - 1) / chunk : 0;
 }
 
-/* A worker's relay slots for relayed requests (io.h, `relay`), allocated by ferry__io_relay and
- * freed by ferry__io_relay_free. A relayed chunk fits one slot at its offset within a block: chunk
- * boundaries lie FERRY__IO_RELAY_PIECE apart from the block below the request's offset
- * (ferry__io_chunk_end). */
-typedef struct ferry__iorelay {
-    unsigned char *base;
-    size_t len;
-    int failed;
-    _Atomic uint64_t *counter; /* or NULL: the bytes mapped are added here, and taken off at free */
-} ferry__iorelay;
-/* R's N slots of FERRY__IO_RELAY_PIECE bytes, mapped at the first call in one mapping
- * 2 MiB-aligned, advised huge pages and faulted in; NULL when that mapping failed (then never
- * tried again: the reads go straight). */
-unsigned char *ferry__io_relay(ferry__iorelay *r, unsigned n);
-void ferry__io_relay_free(ferry__iorelay *r);
-/* Copies a relayed read's N bytes from its slot SRC to DST, the destination's pages faulted in
- * first by one call. */
-void ferry__io_relay_copy(void *dst, const void *src, size_t n);
-/* The relay slot K of R (allocated), block-aligned. */
-static inline unsigned char *ferry__io_relay_slot(const ferry__iorelay *r, unsigned k)
-{
-    return r->base + (size_t)k * FERRY__IO_RELAY_PIECE;
-}
-
+/* Faults in the whole pages of [DST, DST+N) by one call (MADV_POPULATE_WRITE, which never changes
+ * a byte; nothing where the kernel lacks it). */
+void ferry__io_populate(void *dst, size_t n);
 /* Copies N bytes like memcpy (no overlap), with streaming stores when N is at least
  * FERRY__IO_STREAM_MIN: the destination is not left in the cache. iocopy.c says why. */
 #define FERRY__IO_STREAM_MIN (UINT64_C(1) << 20)
@@ -131,8 +110,6 @@ typedef struct ferry__ioqueue {
  * refuses io_uring (ENOSYS, EPERM under seccomp, io_uring_disabled) or lacks IORING_OP_READ. */
 ferry__uring *ferry__uring_create(unsigned depth);
 void ferry__uring_destroy(ferry__uring *u);
-/* Points U's relay slots' byte count at COUNTER (the pool's). */
-void ferry__uring_count_relay(ferry__uring *u, _Atomic uint64_t *counter);
 /* 1 when a ring can be created here (the test of ferry__uring_create, then torn down). */
 int ferry__io_uring_usable(void);
 /* The worker loop of the uring backend on ring U (used by this thread only) with BOUNCE (one

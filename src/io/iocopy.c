@@ -65,46 +65,13 @@ void ferry__io_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n);
 
 #endif
 
-unsigned char *ferry__io_relay(ferry__iorelay *r, unsigned n)
+void ferry__io_populate(void *dst, size_t n)
 {
-    if (!r->base && !r->failed) {
-        /* in 2 MiB pages where the kernel gives them: a device request into 4 KiB pages is
-         * slower per byte on a VM's disk even into memory that is there (bench/README.md) */
-        size_t bytes = (size_t)n * FERRY__IO_RELAY_PIECE;
-        r->base = ferry__map_aligned(bytes, UINT64_C(2) << 20, ferry__sys_mmap, ferry__sys_munmap);
-        if (!r->base) {
-            r->failed = 1;
-            return NULL;
-        }
-        r->len = bytes;
-#ifdef MADV_HUGEPAGE
-        (void)madvise(r->base, bytes, MADV_HUGEPAGE);
-#endif
-        memset(r->base, 0, bytes); /* faulted in here, not on the first read's path */
-        if (r->counter)
-            atomic_fetch_add(r->counter, (uint64_t)bytes);
-    }
-    return r->base;
-}
-
-void ferry__io_relay_free(ferry__iorelay *r)
-{
-    if (r->base) {
-        ferry__sys_munmap(r->base, r->len);
-        if (r->counter)
-            atomic_fetch_sub(r->counter, (uint64_t)r->len);
-    }
-    r->base = NULL;
-}
-
-void ferry__io_relay_copy(void *dst, const void *src, size_t n)
-{
-    /* one call faults the pages in, where the copy would fault each on its own (several times
-     * slower); on pages already there it only walks the page table */
+    /* one call faults the pages in, where a copy or a read would fault each on its own (several
+     * times slower); on pages already there it only walks the page table */
     uint64_t page = ferry__io_page_size();
     uintptr_t lo = ((uintptr_t)dst + page - 1) & ~(uintptr_t)(page - 1);
     uintptr_t hi = ((uintptr_t)dst + n) & ~(uintptr_t)(page - 1);
     if (hi > lo)
         (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
-    memcpy(dst, src, n);
 }

@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "io/io_internal.h"
 
@@ -63,7 +64,22 @@ struct ferry__io {
     ferry__uring **rings;  /* one ring per worker, or NULL: the thread backend */
     unsigned ring_count;   /* rings created (the nthreads asked for) */
     _Atomic uint64_t chunk; /* bytes per worker read; a request takes it at submit */
-    _Atomic uint64_t relay_bytes; /* the workers' relay slots, mapped */
+
+    /* The relay readers (relay_start): relayed requests queue apart (rhead/rtail, under mu) for
+     * them alone. crew_mu guards starting them, before mu in lock order; crew_state (-1 could not
+     * start, 0 not tried, 1 running) is written under both and read under either. */
+    ferry__ioreq *rhead, *rtail;
+    pthread_cond_t relay_cv; /* relay readers: their queue or the completion list non-empty, or
+                                stopping */
+    pthread_mutex_t crew_mu;
+    int crew_state;
+    unsigned crew_n;              /* relay readers started */
+    pthread_t crew[FERRY__IO_RELAY_READERS];
+    unsigned char *slots;         /* FERRY__IO_RELAY_READERS slots of FERRY__IO_RELAY_PIECE
+                                     bytes: one mapping of slots_len bytes */
+    size_t slots_len;
+    unsigned char *crew_bounce;   /* a FERRY__IO_ALIGN block per relay reader */
+    _Atomic uint64_t relay_bytes; /* slots_len while the relay readers run */
 };
 
 /* The pool whose worker this thread is, so that cancel_all from a done callback does not wait on
@@ -119,8 +135,10 @@ static void set_errmsg_locked(ferry__ioreq *req, const ferry__iochunk *c, int st
                  (unsigned long long)c->pos, ferry_strerror(status));
 }
 
-int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
+/* ferry__io_take from the workers' queue, or with RELAY from the relay readers'. */
+static int take_from(ferry__io *io, int relay, ferry__iochunk *c, int wait)
 {
+    ferry__ioreq **head = relay ? &io->rhead : &io->head, **tail = relay ? &io->rtail : &io->tail;
     pthread_mutex_lock(&io->mu);
     for (;;) {
         if (io->fin_head) {
@@ -134,7 +152,7 @@ int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
             pthread_mutex_lock(&io->mu);
             continue;
         }
-        if (io->head)
+        if (*head)
             break;
         if (!wait) {
             pthread_mutex_unlock(&io->mu);
@@ -144,22 +162,27 @@ int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
             pthread_mutex_unlock(&io->mu);
             return -1;
         }
-        pthread_cond_wait(&io->work_cv, &io->mu);
+        pthread_cond_wait(relay ? &io->relay_cv : &io->work_cv, &io->mu);
     }
     /* the next chunk of the oldest request */
-    ferry__ioreq *req = io->head;
+    ferry__ioreq *req = *head;
     uint64_t end = req->offset + req->len;
     c->req = req;
     c->pos = req->next_chunk;
     c->end = ferry__io_chunk_end(req->offset, end, c->pos, req->chunk);
     req->next_chunk = c->end;
     if (c->end == end) {
-        io->head = req->next;
-        if (!io->head)
-            io->tail = NULL;
+        *head = req->next;
+        if (!*head)
+            *tail = NULL;
     }
     pthread_mutex_unlock(&io->mu);
     return 1;
+}
+
+int ferry__io_take(ferry__io *io, ferry__iochunk *c, int wait)
+{
+    return take_from(io, 0, c, wait);
 }
 
 void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, const char *msg)
@@ -190,35 +213,64 @@ void ferry__io_chunk_done(ferry__io *io, const ferry__iochunk *c, int status, co
         complete(io, req, st);
 }
 
-/* The thread backend: one chunk at a time, read on this thread; a relayed request's direct chunk
- * through the worker's one relay slot, at the chunk's offset within a block as the direct read
- * needs. */
+/* The thread backend: one chunk at a time, read on this thread. */
 static void thread_loop(ferry__io *io, unsigned char *bounce)
 {
     ferry__iochunk c;
     ferry__err err;
-    ferry__iorelay relay = {.counter = &io->relay_bytes};
     while (ferry__io_take(io, &c, 1) == 1) {
+        err.code = 0;
+        err.msg[0] = 0;
+        ferry__ioreq *req = c.req;
+        unsigned char *dst = (unsigned char *)req->dst + (c.pos - req->offset);
+        int r = ferry__io_read_range(req->file, c.pos, c.end - c.pos, dst, req->mode, bounce, &err);
+        ferry__io_chunk_done(io, &c, r, err.msg);
+    }
+}
+
+/* A relay reader: one relayed chunk at a time, its direct read into the reader's own slot (at
+ * the chunk's offset within a block, as the read needs: relayed chunks never cross a slot's end,
+ * ferry__io_chunk_end) and copied to its place once whole; a chunk AUTO reads buffered (mostly
+ * cached), or one of a file without O_DIRECT, is read straight to its place. Either way the
+ * place's pages are faulted in by one call first: relayed destinations need no toucher. */
+typedef struct relay_reader {
+    ferry__io *io;
+    unsigned index;
+} relay_reader;
+
+static void *relay_main(void *arg)
+{
+    relay_reader *rr = arg;
+    ferry__io *io = rr->io;
+    current_pool = io;
+    unsigned char *slot = io->slots + (size_t)rr->index * FERRY__IO_RELAY_PIECE;
+    unsigned char *bounce = io->crew_bounce + (size_t)rr->index * FERRY__IO_ALIGN;
+    free(rr);
+    memset(slot, 0, FERRY__IO_RELAY_PIECE); /* faulted in here, not on the first read's path */
+    ferry__iochunk c;
+    ferry__err err;
+    while (take_from(io, 1, &c, 1) == 1) {
         err.code = 0;
         err.msg[0] = 0;
         ferry__ioreq *req = c.req;
         const ferry__iofile *f = req->file;
         uint64_t n = c.end - c.pos;
         unsigned char *dst = (unsigned char *)req->dst + (c.pos - req->offset);
-        ferry_load mode = req->mode;
-        if (mode == FERRY_LOAD_AUTO && req->relay)
-            mode = ferry__io_auto_mode(f, c.pos, n);
-        unsigned char *slot = req->relay && mode == FERRY_LOAD_DIRECT && f->fd_direct >= 0 &&
-                                      c.pos % FERRY__IO_ALIGN + n <= FERRY__IO_RELAY_PIECE &&
-                                      ferry__io_relay(&relay, 1)
-                                  ? ferry__io_relay_slot(&relay, 0) + c.pos % FERRY__IO_ALIGN
-                                  : NULL;
-        int r = ferry__io_read_range(f, c.pos, n, slot ? slot : dst, mode, bounce, &err);
-        if (r == 0 && slot)
-            ferry__io_relay_copy(dst, slot, (size_t)n);
+        ferry_load mode = req->mode == FERRY_LOAD_AUTO ? ferry__io_auto_mode(f, c.pos, n)
+                                                       : req->mode;
+        unsigned char *via = mode == FERRY_LOAD_DIRECT && f->fd_direct >= 0
+                                 ? slot + c.pos % FERRY__IO_ALIGN
+                                 : NULL;
+        if (!via)
+            ferry__io_populate(dst, (size_t)n);
+        int r = ferry__io_read_range(f, c.pos, n, via ? via : dst, mode, bounce, &err);
+        if (r == 0 && via) {
+            ferry__io_populate(dst, (size_t)n);
+            memcpy(dst, via, (size_t)n);
+        }
         ferry__io_chunk_done(io, &c, r, err.msg);
     }
-    ferry__io_relay_free(&relay);
+    return NULL;
 }
 
 static void *worker(void *arg)
@@ -270,6 +322,60 @@ static void free_rings(ferry__uring **r, unsigned n)
     free(r);
 }
 
+/* Starts the relay readers at the first call: their slots (one mapping, 2 MiB-aligned and advised
+ * huge pages: a device request into 4 KiB pages is slower per byte on a VM's disk even into memory
+ * that is there, bench/README.md), then the threads, each of which faults its own slot in. 1 when
+ * they run, 0 when they could not start (then never tried again: relayed requests go to the
+ * workers and read straight). Takes crew_mu, then mu. */
+static int relay_start(ferry__io *io)
+{
+    pthread_mutex_lock(&io->crew_mu);
+    if (io->crew_state == 0) {
+        size_t n = FERRY__IO_RELAY_READERS, len = n * FERRY__IO_RELAY_PIECE;
+        void *b = NULL;
+        unsigned char *m = ferry__map_aligned(len, FERRY__IO_RELAY_ALIGN, ferry__sys_mmap,
+                                              ferry__sys_munmap);
+        unsigned started = 0;
+        if (m && posix_memalign(&b, FERRY__IO_ALIGN, n * FERRY__IO_ALIGN) == 0) {
+            io->crew_bounce = b;
+#ifdef MADV_HUGEPAGE
+            (void)madvise(m, len, MADV_HUGEPAGE);
+#endif
+            io->slots = m;
+            io->slots_len = len;
+            for (; started < n; started++) {
+                relay_reader *rr = malloc(sizeof *rr);
+                if (rr)
+                    *rr = (relay_reader){.io = io, .index = started};
+                if (!rr || pthread_create(&io->crew[started], NULL, relay_main, rr) != 0) {
+                    free(rr);
+                    break;
+                }
+            }
+        }
+        pthread_mutex_lock(&io->mu);
+        if (started == 0) {
+            io->crew_state = -1;
+        } else {
+            /* fewer than asked (threads refused): the slots of the others stay unused */
+            io->crew_state = 1;
+            io->crew_n = started;
+            atomic_store(&io->relay_bytes, (uint64_t)len);
+        }
+        pthread_mutex_unlock(&io->mu);
+        if (started == 0) {
+            if (m)
+                ferry__sys_munmap(m, len);
+            free(b);
+            io->slots = NULL;
+            io->crew_bounce = NULL;
+        }
+    }
+    int up = io->crew_state > 0;
+    pthread_mutex_unlock(&io->crew_mu);
+    return up;
+}
+
 ferry__io *ferry__io_create(unsigned nthreads)
 {
     if (nthreads == 0)
@@ -293,13 +399,13 @@ ferry__io *ferry__io_create(unsigned nthreads)
     atomic_init(&io->relay_bytes, 0);
     io->rings = make_rings(nthreads);
     io->ring_count = io->rings ? nthreads : 0;
-    for (unsigned i = 0; i < io->ring_count; i++)
-        ferry__uring_count_relay(io->rings[i], &io->relay_bytes);
     atomic_init(&io->bytes_read, 0);
     pthread_mutex_init(&io->mu, NULL);
     pthread_mutex_init(&io->progress_mu, NULL);
     pthread_cond_init(&io->work_cv, NULL);
     pthread_cond_init(&io->idle_cv, NULL);
+    pthread_cond_init(&io->relay_cv, NULL);
+    pthread_mutex_init(&io->crew_mu, NULL);
 
     /* Workers look themselves up in io->threads under mu: hold it while starting them. */
     pthread_mutex_lock(&io->mu);
@@ -363,8 +469,13 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
                  (unsigned long long)req->file->size);
         return FERRY_EIO;
     }
+    /* a relayed request goes to the relay readers (started now if need be), where its reads
+     * may go direct: none of a file without O_DIRECT, or in READ or MMAP mode */
+    int relayed = req->relay && req->len > 0 && req->file->fd_direct >= 0 &&
+                  (req->mode == FERRY_LOAD_DIRECT || req->mode == FERRY_LOAD_AUTO) &&
+                  relay_start(io);
     req->next_chunk = req->offset;
-    req->chunk = req->relay ? FERRY__IO_RELAY_PIECE : atomic_load(&io->chunk);
+    req->chunk = relayed ? FERRY__IO_RELAY_PIECE : atomic_load(&io->chunk);
     req->chunks_left = ferry__io_chunk_count(req->offset, req->len, req->chunk);
     req->status = 0;
     req->next = NULL;
@@ -379,17 +490,20 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
     if (req->len == 0) {
         finish_locked(io, req);
     } else {
-        if (io->tail)
-            io->tail->next = req;
+        ferry__ioreq **head = relayed ? &io->rhead : &io->head;
+        ferry__ioreq **tail = relayed ? &io->rtail : &io->tail;
+        if (*tail)
+            (*tail)->next = req;
         else
-            io->head = req;
-        io->tail = req;
-        /* one wake-up per chunk, up to the number of workers */
-        if (req->chunks_left >= io->nthreads)
-            pthread_cond_broadcast(&io->work_cv);
+            *head = req;
+        *tail = req;
+        /* one wake-up per chunk, up to the number of threads that serve the queue */
+        pthread_cond_t *cv = relayed ? &io->relay_cv : &io->work_cv;
+        if (req->chunks_left >= (relayed ? io->crew_n : io->nthreads))
+            pthread_cond_broadcast(cv);
         else
             for (uint64_t i = 0; i < req->chunks_left; i++)
-                pthread_cond_signal(&io->work_cv);
+                pthread_cond_signal(cv);
     }
     pthread_mutex_unlock(&io->mu);
     return 0;
@@ -420,12 +534,17 @@ static void drop_chunks_locked(ferry__io *io, ferry__ioreq *req)
 /* Drops every chunk not handed out. mu held. */
 static void cancel_queued_locked(ferry__io *io)
 {
-    ferry__ioreq *req = io->head;
-    io->head = io->tail = NULL;
-    while (req) {
-        ferry__ioreq *next = req->next;
-        drop_chunks_locked(io, req);
-        req = next;
+    for (int relay = 0; relay < 2; relay++) {
+        ferry__ioreq *req = relay ? io->rhead : io->head;
+        if (relay)
+            io->rhead = io->rtail = NULL;
+        else
+            io->head = io->tail = NULL;
+        while (req) {
+            ferry__ioreq *next = req->next;
+            drop_chunks_locked(io, req);
+            req = next;
+        }
     }
 }
 
@@ -434,19 +553,24 @@ void ferry__io_cancel_req(ferry__io *io, ferry__ioreq *req)
     if (!io || !req)
         return;
     pthread_mutex_lock(&io->mu);
-    ferry__ioreq *prev = NULL, *r = io->head;
-    while (r && r != req) {
-        prev = r;
-        r = r->next;
-    }
-    if (r) {
-        if (prev)
-            prev->next = r->next;
-        else
-            io->head = r->next;
-        if (io->tail == r)
-            io->tail = prev;
-        drop_chunks_locked(io, r);
+    for (int relay = 0; relay < 2; relay++) {
+        ferry__ioreq **head = relay ? &io->rhead : &io->head;
+        ferry__ioreq **tail = relay ? &io->rtail : &io->tail;
+        ferry__ioreq *prev = NULL, *r = *head;
+        while (r && r != req) {
+            prev = r;
+            r = r->next;
+        }
+        if (r) {
+            if (prev)
+                prev->next = r->next;
+            else
+                *head = r->next;
+            if (*tail == r)
+                *tail = prev;
+            drop_chunks_locked(io, r);
+            break;
+        }
     }
     pthread_mutex_unlock(&io->mu);
 }
@@ -472,14 +596,26 @@ void ferry__io_destroy(ferry__io *io)
     if (!io)
         return;
     ferry__io_cancel_all(io);
+    pthread_mutex_lock(&io->crew_mu); /* no relay reader starts from here on */
     pthread_mutex_lock(&io->mu);
     io->stopping = 1;
+    if (io->crew_state == 0)
+        io->crew_state = -1;
     pthread_cond_broadcast(&io->work_cv);
+    pthread_cond_broadcast(&io->relay_cv);
     pthread_mutex_unlock(&io->mu);
+    pthread_mutex_unlock(&io->crew_mu);
     for (unsigned i = 0; i < io->nthreads; i++)
         pthread_join(io->threads[i], NULL);
+    for (unsigned i = 0; i < io->crew_n; i++)
+        pthread_join(io->crew[i], NULL);
+    if (io->slots)
+        ferry__sys_munmap(io->slots, io->slots_len);
+    free(io->crew_bounce);
     pthread_cond_destroy(&io->work_cv);
     pthread_cond_destroy(&io->idle_cv);
+    pthread_cond_destroy(&io->relay_cv);
+    pthread_mutex_destroy(&io->crew_mu);
     pthread_mutex_destroy(&io->mu);
     pthread_mutex_destroy(&io->progress_mu);
     free_rings(io->rings, io->ring_count);

@@ -39,9 +39,6 @@ typedef struct slot {
     int fd;             /* the descriptor read: the file's fd_direct or fd */
     unsigned char *dst; /* where the next byte read goes */
     uint64_t off, left; /* file offset of the next byte, bytes still to read */
-    unsigned char *final; /* a relayed read: where its bytes go once all are in its relay slot
-                             (NULL: read straight) */
-    uint64_t relayed;     /* a relayed read's bytes */
 } slot;
 
 struct ferry__uring {
@@ -54,7 +51,6 @@ struct ferry__uring {
     unsigned npending;
     unsigned used;    /* slots in use: depth - nfree */
     int broken;       /* the ring refused submissions: no read is ever prepared on it again */
-    ferry__iorelay relay; /* one relay slot per slot, allocated at the first relayed chunk */
 };
 
 ferry__uring *ferry__uring_create(unsigned depth)
@@ -99,16 +95,10 @@ void ferry__uring_destroy(ferry__uring *u)
     /* the pool destroys rings only after its workers ended, with nothing in flight */
     if (u->depth)
         io_uring_queue_exit(&u->ring);
-    ferry__io_relay_free(&u->relay);
     free(u->slots);
     free(u->free_list);
     free(u->pending);
     free(u);
-}
-
-void ferry__uring_count_relay(ferry__uring *u, _Atomic uint64_t *counter)
-{
-    u->relay.counter = counter;
 }
 
 int ferry__io_uring_usable(void)
@@ -140,13 +130,10 @@ static void release(ferry__uring *u, slot *s)
     u->used--;
 }
 
-/* S's chunk is finished with STATUS: a relayed read's bytes go to their place, the slot is free
- * again, then the pool is told (which may run the request's done callback). */
+/* S's chunk is finished with STATUS: the slot is free again, then the pool is told (which may run
+ * the request's done callback). */
 static void finish(const ferry__ioqueue *q, ferry__uring *u, slot *s, int status, const char *msg)
 {
-    if (status == 0 && s->final)
-        ferry__io_relay_copy(s->final, ferry__io_relay_slot(&u->relay, (unsigned)(s - u->slots)),
-                             (size_t)s->relayed);
     ferry__iochunk c = s->c;
     release(u, s);
     q->done(q->pool, &c, status, msg);
@@ -271,8 +258,7 @@ static void reap(const ferry__ioqueue *q, ferry__uring *u, unsigned char *bounce
 }
 
 /* Starts chunk C: copies and the bounce-buffered ends are done here and now, the rest is
- * prepared as one read on a free slot (a relayed request's direct read: into the slot's relay
- * slot, copied to its place by finish). */
+ * prepared as one read on a free slot. */
 static void start(const ferry__ioqueue *q, ferry__uring *u, const ferry__iochunk *c, unsigned char *bounce)
 {
     ferry__ioreq *req = c->req;
@@ -321,13 +307,6 @@ static void start(const ferry__ioqueue *q, ferry__uring *u, const ferry__iochunk
     s->dst = dst;
     s->off = off;
     s->left = len;
-    s->final = NULL;
-    if (req->relay && fd == f->fd_direct && len <= FERRY__IO_RELAY_PIECE &&
-        ferry__io_relay(&u->relay, u->depth)) {
-        s->final = dst;
-        s->relayed = len;
-        s->dst = ferry__io_relay_slot(&u->relay, (unsigned)(s - u->slots));
-    }
     prep(u, s);
     submit_pending(q, u, bounce); /* one system call per 16 MiB: start the device at once */
 }
@@ -361,11 +340,6 @@ ferry__uring *ferry__uring_create(unsigned depth)
 }
 
 void ferry__uring_destroy(ferry__uring *u) { (void)u; }
-void ferry__uring_count_relay(ferry__uring *u, _Atomic uint64_t *counter)
-{
-    (void)u;
-    (void)counter;
-}
 
 int ferry__io_uring_usable(void) { return 0; }
 

@@ -160,6 +160,7 @@ typedef struct benchlab {
     unsigned read_threads;     /* the best thread count of BENCHLAB_READ */
     limits_pages cold_limit_pages; /* the pages of BENCHLAB_COLD_LIMIT's fastest run */
     int cold_limit_relayed;        /* and 1 when the fastest read through relay slots */
+    unsigned relay_readers;        /* the faster count of readers through relay slots */
     int no_direct;             /* the filesystem refuses O_DIRECT: BENCHLAB_DIRECT is buffered */
     uint64_t direct_request;
     double direct_best;
