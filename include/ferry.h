@@ -496,11 +496,10 @@ typedef struct ferry_io_settings {
     uint32_t io_threads;       /* I/O workers: reads in flight at once (io_uring: each up to 8) */
     uint64_t request_bytes;    /* bytes of one read */
     const char *backend;       /* "threads" or "uring" (a static string) */
-    uint64_t relay_bytes;      /* memory the I/O workers hold now for relayed reads (see
-                                  FERRY_IO_RELAY in the guide): 0 until a worker relayed one, then
-                                  512 KiB per read it keeps in flight (16 MiB for 4 io_uring
-                                  workers), kept until ferry_destroy; not counted against the host
-                                  budget */
+    uint64_t relay_bytes;      /* memory the relay readers hold now for relayed reads (see
+                                  FERRY_IO_RELAY in the guide): 0 until the first relayed read,
+                                  then 16 MiB (32 readers, a 512 KiB slot each), kept until
+                                  ferry_destroy; not counted against the host budget */
 } ferry_io_settings;
 
 /* A manager with the cpu device as device 0, or NULL when memory is exhausted or OPT's host_budget
@@ -531,7 +530,7 @@ FERRY_API int ferry_get_io_settings(const ferry *f, ferry_io_settings *out);
  * /sys/module/page_reporting says: `dear` below), a probe's few MiB come from pages freed a
  * moment ago, while a whole model meets memory the host backs again, for private copies when they
  * are faulted in and for the mapping's pages at the engine's first touch. Private copies there lie
- * in small pages and are read through the I/O workers' relay slots. The private probe comes
+ * in small pages and are read through the I/O pool's relay readers. The private probe comes
  * first: 32 MiB read that way into fresh small pages, then up to 128 MiB more faulted in, rated
  * by its slowest 16 MiB. Where that fault rate is at least 1.5 times the read's, private copies
  * win and the mapping is not probed (map_gbps 0); else it is, and private copies win when the

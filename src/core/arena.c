@@ -8,14 +8,15 @@
  * virtio with 254 segments). So the load lays the copies of each run of neighbouring tensors of a
  * file into one anonymous mapping, 2 MiB-aligned and advised MADV_HUGEPAGE, in file order, reads
  * each range of neighbours as one request to the I/O pool (which cuts it into 16 MiB chunks for
- * its workers, as a plain sequential reader would), and a toucher thread faults the mapping in
- * (MADV_POPULATE_WRITE, which never changes a byte) ahead of the reads. The reads then go into
- * pages that are already there and mostly huge, and the disk sees one sequential stream. Where
- * fresh huge pages are dear (the host takes free 2 MiB blocks back) the arena stays in 4 KiB
- * pages, and there the manager relays its reads (f->relay; io.h, `relay`): each 512 KiB
- * lands in a worker's small reused huge-page slot and is copied to its place, which read a cold
- * 2 GiB model at 1.99-2.35 GB/s against 1.77-1.81 straight into the arena, alternating (Dec 5
- * 2026, bench/README.md).
+ * its workers, as a plain sequential reader would), and where they are not relayed a toucher
+ * thread faults the mapping in (MADV_POPULATE_WRITE, which never changes a byte) ahead of them.
+ * The reads then go into pages that are already there and mostly huge, and the disk sees one
+ * sequential stream. Where fresh huge pages are dear (the host takes free 2 MiB blocks back) the
+ * arena stays in 4 KiB pages, and there the manager relays its reads (f->relay; io.h, `relay`):
+ * each 512 KiB lands in a relay reader's small reused huge-page slot and is copied to its place,
+ * whose pages the reader faults in first (so no toucher). A cold 2 GiB model read that way at
+ * 2.58-2.77 GB/s where the io_uring workers relaying through slots of their own, a toucher beside
+ * them, read 2.27-2.48, alternating (Dec 5 2026, bench/README.md).
  *
  * Measured on a 2-core VM with a virtio disk (2026-11-29), 2 GiB model, load DIRECT from a cold
  * cache (bench/load_bench --only ferry-direct, alternating with a standalone reader and a plain

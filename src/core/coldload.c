@@ -273,7 +273,7 @@ static int probe(ferry *f, const ferry__iofile *file, uint64_t lo, uint64_t hi)
     int dear = ferry__host_huge_pages_dear();
     double pm = 0, pp = 0, fault = 0, read = 0;
     if (dear) {
-        /* Private copies there read through the I/O workers' relay slots, at the disk's own
+        /* Private copies there read through the I/O pool's relay readers, at the disk's own
          * rate, which the mapping's fill does not beat (it reads the same disk into the page
          * cache): where fresh memory faults in FERRY__COLD_FAULT_OVER_FILL times faster than
          * that read, private copies win without the mapping's probe, whose pages cost the load

@@ -41,6 +41,10 @@ enum {
     BENCHLAB_RELAY_GAIN,    /* limit: that read / the O_DIRECT read right before it */
     BENCHLAB_COLD_LIMIT,    /* limit: GB/s, a plain program's cold load (limits_first_pass, all
                                of M kept), the faster of small and huge pages */
+    BENCHLAB_DISK,          /* limit: GB/s, the disk right before each cold load: the faster of
+                               BENCHLAB_DIRECT and, where it was faster at the run's start, the
+                               read through relay slots, measured then too; every bound
+                               of the bench reads the disk as measured so */
     BENCHLAB_COUNT
 };
 
@@ -69,7 +73,9 @@ typedef struct benchlab_stream {
     double seconds[BENCHLAB_MAX_PASSES];
     uint64_t bytes[BENCHLAB_MAX_PASSES];
     double limit[BENCHLAB_MAX_PASSES]; /* O_DIRECT read (GB/s) measured right before pass p (cpu) */
-    double limit_med;     /* their median over passes 2..N: the rate the bound uses */
+    double limit_med;     /* their median over passes 2..N */
+    double disk[BENCHLAB_MAX_PASSES]; /* the disk (GB/s) right before pass p, as BENCHLAB_DISK */
+    double disk_med;      /* their median over passes 2..N: the rate the bound uses */
     double seconds_med;   /* passes 2..N */
     uint64_t bytes_med;
     uint64_t optimal;
@@ -206,11 +212,6 @@ int benchlab_spec_bandwidth(const char *spec, double *bw);
  * the device's free memory where that is less) from pinned host memory (the device's host_alloc;
  * plain memory where it has none), two in flight, the best of 3. 0, or -1 with WHY filled when the device cannot be opened or the copies fail. */
 int benchlab_link_bandwidth(const char *spec, double *bw, char *why, size_t why_len);
-
-/* The disk's limit where an O_DIRECT read measured DIRECT GB/s: that read, or, where the read
- * through relay slots was faster (its median gain over the O_DIRECT read right before it, after
- * the runs), DIRECT times that gain. Every bound of the bench reads the disk at this rate. */
-double benchlab_disk(const benchlab *b, double direct);
 
 /* The 1-minute load average ("0.42", "?" when unknown) into BUF. */
 void benchlab_load_average(char *buf, size_t cap);
