@@ -30,6 +30,12 @@
  * io_uring (iouring.c) a worker keeps up to FERRY__IO_URING_DEPTH chunk reads in flight on its own
  * ring. Chunks handed to a ring are "started": cancel_all lets them finish like a running chunk.
  * The backend is chosen once, at create.
+ *
+ * Relay readers. A relayed request (io.h, `relay`) whose reads may go direct queues apart, in
+ * rhead/rtail under the same mu, and only the relay readers take its chunks (relay_main): threads
+ * started with their slots at the first such request (relay_start, under crew_mu), woken through
+ * relay_cv. They report chunks, serve the completion list and run done callbacks exactly as the
+ * workers do; cancellation walks both queues; destroy stops and joins them after the workers.
  */
 #include <errno.h>
 #include <pthread.h>

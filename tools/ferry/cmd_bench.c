@@ -463,8 +463,8 @@ static void report_text(benchlab *b, const char *load_before, const char *load_a
             printf("  * raised to the working set, the least budget a pass can run in\n");
             break;
         }
-    printf("\n  bound = max(resident compute, (M - B + W) / disk), disk the O_DIRECT read measured "
-           "between the passes,\n  times the relay slots' gain where above 1%s;\n"
+    printf("\n  bound = max(resident compute, (M - B + W) / disk), disk the faster of the O_DIRECT "
+           "read and the\n  relayed read (where it gained), both measured between the passes%s;\n"
            "  efficiency = bound / measured\n",
            b->device ? " on the cpu, (M - B + W) / link bandwidth on the device" : "");
     if (v[BENCHLAB_OVERLAP_READ] > 0)
