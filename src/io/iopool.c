@@ -5,7 +5,7 @@
  * finishes, a worker calls its done callback, exactly once, with the first error of any chunk.
  *
  * Locking. One mutex, io->mu, guards:
- *   - the run queue (head/tail): requests that still have chunks not handed out, in submit order;
+ *   - the run queues (q[i].head/tail): requests that still have chunks not handed out, in order;
  *   - the completion list (fin_head/fin_tail): requests whose done callback is due (every chunk
  *     finished or cancelled) and that no worker has picked up yet;
  *   - in every queued or running request: next_chunk, chunks_left, status, errmsg, next;
@@ -32,7 +32,7 @@
  * The backend is chosen once, at create.
  *
  * Relay readers. A relayed request (io.h, `relay`) whose reads may go direct queues apart, in
- * rhead/rtail under the same mu, and only the relay readers take its chunks (relay_main): threads
+ * q[1] under the same mu, and only the relay readers take its chunks (relay_main): threads
  * started with their slots at the first such request (relay_start, under crew_mu), woken through
  * relay_cv. They report chunks, serve the completion list and run done callbacks exactly as the
  * workers do; cancellation walks both queues; destroy stops and joins them after the workers.
@@ -51,7 +51,11 @@ struct ferry__io {
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* workers: queue or completion list non-empty, or stopping */
     pthread_cond_t idle_cv; /* cancel_all: inflight dropped to 0 */
-    ferry__ioreq *head, *tail;
+    /* the run queues: requests with chunks not handed out, in submit order; [0] the workers',
+     * [1] the relay readers' (relayed requests whose reads may go direct) */
+    struct {
+        ferry__ioreq *head, *tail;
+    } q[2];
     ferry__ioreq *fin_head, *fin_tail;
     uint64_t inflight;
     int stopping;
@@ -71,10 +75,8 @@ struct ferry__io {
     unsigned ring_count;   /* rings created (the nthreads asked for) */
     _Atomic uint64_t chunk; /* bytes per worker read; a request takes it at submit */
 
-    /* The relay readers (relay_start): relayed requests queue apart (rhead/rtail, under mu) for
-     * them alone. crew_mu guards starting them, before mu in lock order; crew_state (-1 could not
+    /* The relay readers (relay_start), who serve q[1]. crew_mu guards starting them, before mu in lock order; crew_state (-1 could not
      * start, 0 not tried, 1 running) is written under both and read under either. */
-    ferry__ioreq *rhead, *rtail;
     pthread_cond_t relay_cv; /* relay readers: their queue or the completion list non-empty, or
                                 stopping */
     pthread_mutex_t crew_mu;
@@ -144,7 +146,7 @@ static void set_errmsg_locked(ferry__ioreq *req, const ferry__iochunk *c, int st
 /* ferry__io_take from the workers' queue, or with RELAY from the relay readers'. */
 static int take_from(ferry__io *io, int relay, ferry__iochunk *c, int wait)
 {
-    ferry__ioreq **head = relay ? &io->rhead : &io->head, **tail = relay ? &io->rtail : &io->tail;
+    ferry__ioreq **head = &io->q[relay].head, **tail = &io->q[relay].tail;
     pthread_mutex_lock(&io->mu);
     for (;;) {
         if (io->fin_head) {
@@ -496,8 +498,7 @@ int ferry__io_submit(ferry__io *io, ferry__ioreq *req)
     if (req->len == 0) {
         finish_locked(io, req);
     } else {
-        ferry__ioreq **head = relayed ? &io->rhead : &io->head;
-        ferry__ioreq **tail = relayed ? &io->rtail : &io->tail;
+        ferry__ioreq **head = &io->q[relayed].head, **tail = &io->q[relayed].tail;
         if (*tail)
             (*tail)->next = req;
         else
@@ -541,11 +542,8 @@ static void drop_chunks_locked(ferry__io *io, ferry__ioreq *req)
 static void cancel_queued_locked(ferry__io *io)
 {
     for (int relay = 0; relay < 2; relay++) {
-        ferry__ioreq *req = relay ? io->rhead : io->head;
-        if (relay)
-            io->rhead = io->rtail = NULL;
-        else
-            io->head = io->tail = NULL;
+        ferry__ioreq *req = io->q[relay].head;
+        io->q[relay].head = io->q[relay].tail = NULL;
         while (req) {
             ferry__ioreq *next = req->next;
             drop_chunks_locked(io, req);
@@ -560,8 +558,7 @@ void ferry__io_cancel_req(ferry__io *io, ferry__ioreq *req)
         return;
     pthread_mutex_lock(&io->mu);
     for (int relay = 0; relay < 2; relay++) {
-        ferry__ioreq **head = relay ? &io->rhead : &io->head;
-        ferry__ioreq **tail = relay ? &io->rtail : &io->tail;
+        ferry__ioreq **head = &io->q[relay].head, **tail = &io->q[relay].tail;
         ferry__ioreq *prev = NULL, *r = *head;
         while (r && r != req) {
             prev = r;

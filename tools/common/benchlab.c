@@ -497,6 +497,20 @@ static double first_pass_limit(benchlab *b, uint64_t keep, unsigned *best_faulte
     return best;
 }
 
+/* limits_relayed_read of every file of the model in turn with READERS readers: GB/s of them
+ * all, 0 where a read failed. */
+static double relayed_read_files(benchlab *b, unsigned readers)
+{
+    double secs = 0;
+    for (size_t i = 0; i < b->n_files; i++) {
+        double g = limits_relayed_read(b->files[i], readers, 0);
+        if (g <= 0)
+            return 0;
+        secs += (double)b->file_sizes[i] / (g * 1e9);
+    }
+    return secs > 0 ? (double)b->file_bytes / secs / 1e9 : 0;
+}
+
 /* The disk's rate now (GB/s; 0 where a read failed): the O_DIRECT read with the best pair, into
  * *DIRECT, and where the read through relay slots was the faster at the start of this run
  * (run_relay), that read too, with the readers found faster there: the faster of the two. The
@@ -509,14 +523,7 @@ static double disk_now(benchlab *b, double *direct)
     size_t n = b->n[BENCHLAB_RELAY_GAIN];
     if (d <= 0 || !n || !(b->v[BENCHLAB_RELAY_GAIN][n - 1] > 1) || !b->relay_readers)
         return d;
-    double secs = 0;
-    for (size_t i = 0; i < b->n_files; i++) {
-        double g = limits_relayed_read(b->files[i], b->relay_readers, 0);
-        if (g <= 0)
-            return 0;
-        secs += (double)b->file_sizes[i] / (g * 1e9);
-    }
-    double g = (double)b->file_bytes / secs / 1e9;
+    double g = relayed_read_files(b, b->relay_readers);
     return g > d ? g : d;
 }
 
@@ -555,15 +562,9 @@ static int run_relay(benchlab *b)
         return cli_error("%s: O_DIRECT read failed", b->path);
     double best = 0;
     for (size_t k = 0; k < sizeof relay_readers / sizeof relay_readers[0]; k++) {
-        double secs = 0;
-        for (size_t i = 0; i < b->n_files; i++) {
-            double g = limits_relayed_read(b->files[i], relay_readers[k], 0);
-            if (g <= 0)
-                return cli_error("%s: O_DIRECT read through relay slots: %s", b->files[i],
-                                 ferry_strerror(g < 0 ? (int)g : FERRY_EIO));
-            secs += (double)b->file_sizes[i] / (g * 1e9);
-        }
-        double g = (double)b->file_bytes / secs / 1e9;
+        double g = relayed_read_files(b, relay_readers[k]);
+        if (g <= 0)
+            return cli_error("%s: O_DIRECT read through relay slots failed", b->path);
         if (g > best) {
             best = g;
             b->relay_readers = relay_readers[k];
